@@ -1,0 +1,10 @@
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+COPY pyproject.toml requirements.lock README.md ./
+COPY chat ./chat
+COPY recovery ./recovery
+RUN pip install -c requirements.lock .
+COPY . .
+RUN DJANGO_SECRET_KEY=collectstatic python manage.py collectstatic --noinput
+EXPOSE 8000 8765

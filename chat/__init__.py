@@ -1,0 +1,1 @@
+"""Conversations, UIMessage transcripts, the agent API and the WebSocket surface."""

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class ChatConfig(AppConfig):
+    name = "chat"
+    label = "think_chat"
+    verbose_name = "Think chat"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401

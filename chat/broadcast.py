@@ -1,0 +1,59 @@
+"""Fan-out to the clients of a conversation through the channel layer (one group per conversation).
+
+Frames are encoded once by the producer; consumers forward the text and filter by sequence number,
+so the per-chunk path does no JSON work in the web processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from .conf import think_setting
+
+# Group event types, dispatched to the consumer methods of the same name (dots become underscores).
+FRAMES = "think.frames"
+STREAM_STARTED = "think.stream_started"
+STREAM_END = "think.stream_end"
+BROADCAST = "think.broadcast"
+RELEASE_PARKED = "think.release_parked"
+
+
+def group_name(conversation_id: int) -> str:
+    return f"{think_setting('GROUP_PREFIX')}.conv.{conversation_id}"
+
+
+async def group_send(conversation_id: int, event: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        raise RuntimeError("CHANNEL_LAYERS is not configured")
+    await layer.group_send(group_name(conversation_id), event)
+
+
+async def publish_frames(conversation_id: int, request_id: str, frames: list[tuple[int, str]]) -> None:
+    await group_send(conversation_id, {"type": FRAMES, "request_id": request_id, "frames": frames})
+
+
+async def publish_stream_started(conversation_id: int, request_id: str) -> None:
+    await group_send(conversation_id, {"type": STREAM_STARTED, "request_id": request_id})
+
+
+async def publish_stream_end(conversation_id: int, request_id: str, seq: int, frame: str) -> None:
+    """The done frame of a stream: it has a seq too, so it is delivered once and after every chunk."""
+    event = {"type": STREAM_END, "request_id": request_id, "seq": seq, "frame": frame}
+    await group_send(conversation_id, event)
+
+
+async def publish(conversation_id: int, frame: str, *, exclude: list[str] | None = None) -> None:
+    """Send one encoded frame to every connection of the conversation except the excluded channels."""
+    await group_send(conversation_id, {"type": BROADCAST, "frame": frame, "exclude": exclude or []})
+
+
+def publish_sync(conversation_id: int, frame: str, *, exclude: list[str] | None = None) -> None:
+    async_to_sync(publish)(conversation_id, frame, exclude=exclude)
+
+
+async def release_parked(conversation_id: int) -> None:
+    await group_send(conversation_id, {"type": RELEASE_PARKED})

@@ -1,0 +1,131 @@
+"""Provider deltas -> AI SDK UI message stream chunks (the v6 chunk set, so both client majors work)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
+
+Chunk = dict[str, Any]
+
+FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool-calls",
+    "content_filter": "content-filter",
+}
+
+
+class UIChunker:
+    """Turns one model step's events into UI chunks; one instance per assistant message."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self._blocks = 0
+        self._open: dict[str, str] = {}  # "text" / "reasoning" -> open part id
+        self._tool_calls: dict[int, dict[str, Any]] = {}
+
+    def begin(self, *, metadata: dict[str, Any] | None = None) -> list[Chunk]:
+        start: Chunk = {"type": "start", "messageId": self.message_id}
+        if metadata:
+            start["messageMetadata"] = metadata
+        return [start, {"type": "start-step"}]
+
+    def feed(self, event: Event) -> list[Chunk]:
+        if isinstance(event, TextDelta):
+            return self._delta("text", event.text)
+        if isinstance(event, ReasoningDelta):
+            return self._delta("reasoning", event.text)
+        if isinstance(event, ToolCallDelta):
+            return self._tool_delta(event)
+        if isinstance(event, StepFinish):
+            self.finish_reason = FINISH_REASONS.get(event.finish_reason, "other")
+            return self._close_blocks() + self._tool_inputs_available()
+        if isinstance(event, Usage):
+            self.usage = event
+        return []
+
+    def _delta(self, kind: str, text: str) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        other = "reasoning" if kind == "text" else "text"
+        if other in self._open:
+            chunks.append({"type": f"{other}-end", "id": self._open.pop(other)})
+        if kind not in self._open:
+            self._blocks += 1
+            self._open[kind] = f"{kind[0]}{self._blocks}"
+            chunks.append({"type": f"{kind}-start", "id": self._open[kind]})
+        chunks.append({"type": f"{kind}-delta", "id": self._open[kind], "delta": text})
+        return chunks
+
+    def _close_blocks(self) -> list[Chunk]:
+        chunks = [{"type": f"{kind}-end", "id": part_id} for kind, part_id in self._open.items()]
+        self._open.clear()
+        return chunks
+
+    def _tool_delta(self, event: ToolCallDelta) -> list[Chunk]:
+        call = self._tool_calls.get(event.index)
+        chunks: list[Chunk] = []
+        if call is None:
+            call = {
+                "id": event.id or f"call_{self.message_id}_{event.index}",
+                "name": event.name or "",
+                "args": "",
+            }
+            self._tool_calls[event.index] = call
+            chunks += self._close_blocks()
+            chunks.append({"type": "tool-input-start", "toolCallId": call["id"], "toolName": call["name"]})
+        if event.arguments:
+            call["args"] += event.arguments
+            chunks.append(
+                {"type": "tool-input-delta", "toolCallId": call["id"], "inputTextDelta": event.arguments}
+            )
+        return chunks
+
+    def _tool_inputs_available(self) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        for call in self._tool_calls.values():
+            try:
+                parsed = json.loads(call["args"] or "{}")
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                chunks.append(
+                    {
+                        "type": "tool-input-available",
+                        "toolCallId": call["id"],
+                        "toolName": call["name"],
+                        "input": parsed,
+                    }
+                )
+            else:
+                chunks.append(
+                    {
+                        "type": "tool-input-error",
+                        "toolCallId": call["id"],
+                        "toolName": call["name"],
+                        "input": call["args"],
+                        "errorText": "The model produced tool input that is not a JSON object.",
+                    }
+                )
+        self._tool_calls.clear()
+        return chunks
+
+    @property
+    def tool_calls_pending(self) -> bool:
+        return bool(self._tool_calls)
+
+    def end(self) -> list[Chunk]:
+        chunks = self._close_blocks() + self._tool_inputs_available()
+        finish: Chunk = {"type": "finish", "finishReason": self.finish_reason or "stop"}
+        if self.usage is not None:
+            finish["messageMetadata"] = {
+                "usage": {
+                    "promptTokens": self.usage.prompt_tokens,
+                    "completionTokens": self.usage.completion_tokens,
+                    "totalTokens": self.usage.total_tokens,
+                }
+            }
+        return [*chunks, {"type": "finish-step"}, finish]

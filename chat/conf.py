@@ -1,0 +1,49 @@
+"""The THINK settings dict, read at access time so that override_settings works."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Agent name (as used in the URL, kebab-case) -> dotted path of a Think subclass.
+    "AGENTS": {"assistant": "chat.agents.Assistant"},
+    # A litellm model string or a dict of completion kwargs; None picks the scripted model.
+    "MODEL": None,
+    "SCRIPTED_MODEL_URL": "http://127.0.0.1:8765/v1",
+    # Stream buffer: flush at once on the first content, then every N chunks or T ms.
+    "FLUSH_EVERY_CHUNKS": 10,
+    "FLUSH_INTERVAL_MS": 100,
+    # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
+    "LEASE_TTL_S": 3.0,
+    "HEARTBEAT_INTERVAL_S": 1.0,
+    # Prefix of channel-layer group names, one group per conversation.
+    "GROUP_PREFIX": "think",
+    # Longest request id, conversation name and frame the consumer accepts.
+    "MAX_NAME_LENGTH": 200,
+    "MAX_FRAME_BYTES": 1_000_000,
+}
+
+
+def think_setting(name: str) -> Any:
+    """Return one THINK setting, falling back to its default."""
+    configured: dict[str, Any] = getattr(settings, "THINK", {}) or {}
+    if name in configured:
+        return configured[name]
+    return DEFAULTS[name]
+
+
+def default_model() -> str | dict[str, Any]:
+    """The model used by agents that do not override get_model()."""
+    model = think_setting("MODEL")
+    if model:
+        return model  # type: ignore[no-any-return,unused-ignore]
+    return scripted_model()
+
+
+def scripted_model() -> dict[str, Any]:
+    """litellm kwargs for the local scripted OpenAI-compatible server."""
+    url = os.environ.get("SCRIPTED_MODEL_URL") or think_setting("SCRIPTED_MODEL_URL")
+    return {"model": "openai/scripted", "api_base": url, "api_key": "sk-scripted"}

@@ -1,0 +1,238 @@
+"""The chat WebSocket consumer: thin glue between frames, services and the conversation's group.
+
+Per connection it keeps three things: the request it owes a resume ACK for (no live frames until
+then), whether it is parked in the pre-stream window, and the highest seq sent per stream, which makes
+replay-then-live gap-free and duplicate-free across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from recovery.fibers import fiber_request_cancel
+from recovery.stream import stream_chunks
+
+from . import protocol as p
+from .agents import UnknownAgent, agent_class
+from .broadcast import group_name
+from .conf import think_setting
+from .resume import ack_replay, connect_state, probe_answer
+from .selectors import stream_for_request
+from .services import conversation_clear, conversation_get_or_create, turn_accept
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNKNOWN_AGENT = 4404
+CLOSE_BAD_NAME = 4400
+SENT_SEQ_MEMORY = 32
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    conversation_id: int
+    group: str
+
+    async def connect(self) -> None:
+        kwargs = self.scope["url_route"]["kwargs"]
+        self.agent_name, self.instance_name = kwargs["agent"], kwargs["name"]
+        self.pending_resume: str | None = None
+        self.parked = False
+        self.sent_seq: OrderedDict[str, int] = OrderedDict()
+        subprotocols = list(self.scope.get("subprotocols") or [])
+        await self.accept(subprotocols[0] if subprotocols else None)
+        try:
+            agent_class(self.agent_name)
+        except UnknownAgent:
+            await self.close(code=CLOSE_UNKNOWN_AGENT, reason=f"unknown agent {self.agent_name!r}")
+            return
+        if not 0 < len(self.instance_name) <= think_setting("MAX_NAME_LENGTH"):
+            await self.close(code=CLOSE_BAD_NAME, reason="bad conversation name")
+            return
+        conversation = await database_sync_to_async(conversation_get_or_create)(
+            agent=self.agent_name, name=self.instance_name
+        )
+        self.conversation_id = conversation.pk
+        self.group = group_name(conversation.pk)
+        # Join before reading state, so nothing published after the read can be missed.
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self._send_connect_frames()
+
+    async def _send_connect_frames(self) -> None:
+        state = await database_sync_to_async(connect_state)(conversation_id=self.conversation_id)
+        if state.active_request_id is not None:
+            self.pending_resume = state.active_request_id
+            await self.send(p.stream_resuming_frame(state.active_request_id))
+        else:
+            await self.send(p.chat_messages_frame(state.messages))
+            if state.pending_request_id is not None:
+                self.parked = True
+                await self.send(p.stream_pending_frame(state.pending_request_id))
+            if state.recovering:
+                await self.send(p.recovering_frame(True, state.recovering.get("requestId")))
+        await self.send(p.identity_frame(self.instance_name, self.agent_name))
+
+    async def disconnect(self, code: int) -> None:
+        # A closed socket never stops a turn: the worker keeps streaming to the group and the database.
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # -- client frames -----------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None:
+            return  # binary frames are not part of the protocol
+        if len(text_data) > think_setting("MAX_FRAME_BYTES"):
+            logger.warning("frame of %s bytes refused", len(text_data), extra=self._log_extra())
+            await self._refuse(text_data[:2000], "frame too large")
+            return
+        try:
+            frame = p.parse_frame(text_data)
+        except p.ProtocolError as exc:
+            logger.info("malformed frame ignored: %s", exc, extra=self._log_extra())
+            await self._refuse(text_data, str(exc))
+            return
+        if frame is None:
+            logger.debug("unknown frame type ignored", extra=self._log_extra())
+            return
+        handler = getattr(self, f"on_{type(frame).__name__.lower()}", None)
+        if handler is not None:
+            await handler(frame)
+
+    async def _refuse(self, text: str, reason: str) -> None:
+        """A refused chat request still ends its client stream, with the reason as an error."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return
+        if (
+            isinstance(data, dict)
+            and data.get("type") == p.USE_CHAT_REQUEST
+            and isinstance(data.get("id"), str)
+        ):
+            await self.send(
+                p.response_frame(data["id"][:255], f"Invalid chat request: {reason}", done=True, error=True)
+            )
+
+    async def on_chatrequest(self, frame: p.ChatRequest) -> None:
+        accepted = await database_sync_to_async(turn_accept)(
+            conversation_id=self.conversation_id, request=frame
+        )
+        if accepted.duplicate:
+            return
+        messages = await database_sync_to_async(_messages)(self.conversation_id)
+        await self._group_broadcast(p.chat_messages_frame(messages), exclude=[self.channel_name])
+
+    async def on_cancel(self, frame: p.Cancel) -> None:
+        running = await database_sync_to_async(fiber_request_cancel)(
+            conversation_id=self.conversation_id, request_id=frame.id
+        )
+        if not running:  # nothing streams for it: end the client's stream ourselves
+            await self.send(p.response_frame(frame.id, done=True, outcome="aborted"))
+
+    async def on_clear(self, frame: p.Clear) -> None:
+        await database_sync_to_async(conversation_clear)(conversation_id=self.conversation_id)
+        self.pending_resume, self.parked = None, False
+        self.sent_seq.clear()
+        await self._group_broadcast(p.chat_clear_frame(), exclude=[self.channel_name])
+
+    async def on_resumerequest(self, frame: p.ResumeRequest) -> None:
+        answer = await database_sync_to_async(probe_answer)(conversation_id=self.conversation_id)
+        if answer.kind == "resuming":
+            assert answer.request_id is not None
+            self.pending_resume = answer.request_id
+            await self.send(p.stream_resuming_frame(answer.request_id, frame.probe_id))
+        elif answer.kind == "pending":
+            self.parked = True
+            await self.send(p.stream_pending_frame(answer.request_id, frame.probe_id))
+        else:
+            await self.send(p.stream_resume_none_frame("idle", frame.probe_id))
+
+    async def on_resumeack(self, frame: p.ResumeAck) -> None:
+        if self.pending_resume == frame.id:
+            self.pending_resume = None
+        # Group events wait while this handler runs, so replay and the live tail cannot interleave.
+        replay = await database_sync_to_async(ack_replay)(
+            conversation_id=self.conversation_id, request_id=frame.id
+        )
+        if replay.ignore:
+            return
+        for text in replay.frames:
+            await self.send(text)
+        self._mark_sent(frame.id, replay.last_seq)
+
+    # -- group events --------------------------------------------------------------------------------
+    async def think_frames(self, event: dict[str, Any]) -> None:
+        request_id = event["request_id"]
+        if request_id == self.pending_resume:
+            return
+        for seq, text in event["frames"]:
+            await self._send_in_order(request_id, seq, text)
+
+    async def think_stream_started(self, event: dict[str, Any]) -> None:
+        if self.parked:
+            self.parked = False
+            self.pending_resume = event["request_id"]
+            await self.send(p.stream_resuming_frame(event["request_id"]))
+
+    async def think_stream_end(self, event: dict[str, Any]) -> None:
+        request_id = event["request_id"]
+        if request_id == self.pending_resume:
+            self.pending_resume = None  # it will ACK and get the finished stream replayed
+        else:
+            await self._send_in_order(request_id, event["seq"], event["frame"])
+
+    async def think_broadcast(self, event: dict[str, Any]) -> None:
+        if self.channel_name not in event.get("exclude", ()):
+            await self.send(event["frame"])
+
+    async def think_release_parked(self, event: dict[str, Any]) -> None:
+        if self.parked:
+            self.parked = False
+            await self.send(p.stream_resume_none_frame())
+
+    # -- ordering -----------------------------------------------------------------------------------
+    async def _send_in_order(self, request_id: str, seq: int, text: str) -> None:
+        last = self.sent_seq.get(request_id, -1)
+        if seq <= last:
+            return  # already sent, by replay or by an earlier event
+        if seq > last + 1:
+            await self._fill_gap(request_id, last, seq)
+        await self.send(text)
+        self._mark_sent(request_id, seq)
+
+    async def _fill_gap(self, request_id: str, last: int, upto: int) -> None:
+        """Frames the channel layer did not deliver (dropped, or sent before we joined) come from Postgres."""
+        stream = await database_sync_to_async(stream_for_request)(
+            conversation_id=self.conversation_id, request_id=request_id
+        )
+        if stream is None:
+            return
+        chunks = await database_sync_to_async(stream_chunks)(stream.pk, after_seq=last)
+        for seq, body in chunks:
+            if seq >= upto:
+                break
+            await self.send(p.response_frame(request_id, body, seq=seq, continuation=stream.is_continuation))
+
+    def _mark_sent(self, request_id: str, seq: int) -> None:
+        self.sent_seq[request_id] = max(seq, self.sent_seq.get(request_id, -1))
+        self.sent_seq.move_to_end(request_id)
+        while len(self.sent_seq) > SENT_SEQ_MEMORY:
+            self.sent_seq.popitem(last=False)
+
+    async def _group_broadcast(self, frame: str, *, exclude: list[str]) -> None:
+        await self.channel_layer.group_send(
+            self.group, {"type": "think.broadcast", "frame": frame, "exclude": exclude}
+        )
+
+    def _log_extra(self) -> dict[str, Any]:
+        return {"conversation_id": getattr(self, "conversation_id", None), "agent": self.agent_name}
+
+
+def _messages(conversation_id: int) -> list[dict[str, Any]]:
+    from .selectors import messages_list
+
+    return messages_list(conversation_id=conversation_id)

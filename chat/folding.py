@@ -1,0 +1,244 @@
+"""Folding AI SDK UI message chunks into a UIMessage.
+
+One accumulator serves the worker (the message it persists), recovery (the partial it rebuilds from
+stored segments) and the orphan finaliser, so all three agree on what a stream means.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+SETTLED_TOOL_STATES = frozenset({"output-available", "output-error", "output-denied"})
+
+
+def is_tool_part(part: dict[str, Any]) -> bool:
+    part_type = part.get("type")
+    return isinstance(part_type, str) and (part_type.startswith("tool-") or part_type == "dynamic-tool")
+
+
+def tool_name_of(part: dict[str, Any]) -> str:
+    if part.get("type") == "dynamic-tool":
+        return str(part.get("toolName", ""))
+    return str(part.get("type", ""))[len("tool-") :]
+
+
+def is_settled_tool_part(part: dict[str, Any]) -> bool:
+    return is_tool_part(part) and (
+        "output" in part or "result" in part or part.get("state") in SETTLED_TOOL_STATES
+    )
+
+
+class MessageAccumulator:
+    """Builds one assistant UIMessage from the chunks of a stream."""
+
+    def __init__(self, message_id: str, *, role: str = "assistant") -> None:
+        self.message_id = message_id
+        self.role = role
+        self.parts: list[dict[str, Any]] = []
+        self.metadata: dict[str, Any] | None = None
+        self.error_text: str | None = None
+        self.finish_reason: str | None = None
+        self._open: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, id) -> streaming text/reasoning part
+        self._tool_input_text: dict[str, str] = {}
+        # Tool results for calls that live in an earlier message (approved tools run in a continuation).
+        self.foreign_tool_updates: list[dict[str, Any]] = []
+
+    # -- reading -------------------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        return "".join(str(p.get("text", "")) for p in self.parts if p.get("type") == "text")
+
+    @property
+    def has_content(self) -> bool:
+        return any(p.get("type") != "step-start" for p in self.parts)
+
+    @property
+    def has_settled_tool_results(self) -> bool:
+        return any(is_settled_tool_part(p) for p in self.parts)
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"id": self.message_id, "role": self.role, "parts": self.parts}
+        if self.metadata:
+            message["metadata"] = self.metadata
+        return message
+
+    # -- folding -------------------------------------------------------------------------------
+    def apply_body(self, body: str) -> None:
+        """Fold one stored chunk body; malformed bodies are skipped."""
+        try:
+            chunk = json.loads(body)
+        except ValueError:
+            return
+        if isinstance(chunk, dict):
+            self.apply(chunk)
+
+    def apply(self, chunk: dict[str, Any]) -> None:
+        chunk_type = chunk.get("type")
+        if not isinstance(chunk_type, str):
+            return
+        handler = _HANDLERS.get(chunk_type)
+        if handler is not None:
+            handler(self, chunk)
+        elif chunk_type.startswith("data-"):
+            self._apply_data(chunk)
+
+    def _merge_metadata(self, chunk: dict[str, Any], key: str = "messageMetadata") -> None:
+        extra = chunk.get(key)
+        if isinstance(extra, dict):
+            self.metadata = {**(self.metadata or {}), **extra}
+
+    def _start(self, chunk: dict[str, Any]) -> None:
+        if isinstance(chunk.get("messageId"), str) and chunk["messageId"]:
+            self.message_id = chunk["messageId"]
+        self._merge_metadata(chunk)
+
+    def _step_start(self, chunk: dict[str, Any]) -> None:
+        self.parts.append({"type": "step-start"})
+
+    def _finish_step(self, chunk: dict[str, Any]) -> None:
+        self._open.clear()
+
+    def _finish(self, chunk: dict[str, Any]) -> None:
+        if isinstance(chunk.get("finishReason"), str):
+            self.finish_reason = chunk["finishReason"]
+        self._merge_metadata(chunk)
+        for part in self._open.values():
+            part["state"] = "done"
+        self._open.clear()
+
+    def _block_start(self, kind: str, chunk: dict[str, Any]) -> None:
+        part: dict[str, Any] = {"type": kind, "text": "", "state": "streaming"}
+        if isinstance(chunk.get("providerMetadata"), dict):
+            part["providerMetadata"] = chunk["providerMetadata"]
+        self.parts.append(part)
+        self._open[(kind, str(chunk.get("id", "")))] = part
+
+    def _block_delta(self, kind: str, chunk: dict[str, Any]) -> None:
+        part = self._open.get((kind, str(chunk.get("id", ""))))
+        if part is None:  # a delta without its start: open the part rather than lose the text
+            self._block_start(kind, chunk)
+            part = self._open[(kind, str(chunk.get("id", "")))]
+        part["text"] += str(chunk.get("delta", ""))
+
+    def _block_end(self, kind: str, chunk: dict[str, Any]) -> None:
+        part = self._open.pop((kind, str(chunk.get("id", ""))), None)
+        if part is not None:
+            part["state"] = "done"
+
+    def _find_tool(self, tool_call_id: Any) -> dict[str, Any] | None:
+        for part in self.parts:
+            if is_tool_part(part) and part.get("toolCallId") == tool_call_id:
+                return part
+        return None
+
+    def _tool_part(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        part = self._find_tool(chunk.get("toolCallId"))
+        if part is None:
+            name = str(chunk.get("toolName", ""))
+            part = (
+                {"type": "dynamic-tool", "toolName": name}
+                if chunk.get("dynamic")
+                else {"type": f"tool-{name}"}
+            )
+            part.update({"toolCallId": chunk.get("toolCallId"), "state": "input-streaming", "input": None})
+            for key in ("providerExecuted", "title"):
+                if key in chunk:
+                    part[key] = chunk[key]
+            self.parts.append(part)
+        return part
+
+    def _tool_input_start(self, chunk: dict[str, Any]) -> None:
+        self._tool_part(chunk)
+        self._tool_input_text[str(chunk.get("toolCallId"))] = ""
+
+    def _tool_input_delta(self, chunk: dict[str, Any]) -> None:
+        key = str(chunk.get("toolCallId"))
+        self._tool_input_text[key] = self._tool_input_text.get(key, "") + str(chunk.get("inputTextDelta", ""))
+
+    def _tool_input_available(self, chunk: dict[str, Any]) -> None:
+        part = self._tool_part(chunk)
+        part["state"] = "input-available"
+        part["input"] = chunk.get("input")
+
+    def _tool_input_error(self, chunk: dict[str, Any]) -> None:
+        part = self._tool_part(chunk)
+        part.update(state="output-error", input=chunk.get("input"), errorText=chunk.get("errorText", ""))
+
+    def _tool_approval_request(self, chunk: dict[str, Any]) -> None:
+        part = self._find_tool(chunk.get("toolCallId"))
+        if part is not None:
+            part["state"] = "approval-requested"
+            part["approval"] = {"id": chunk.get("approvalId")}
+
+    def _tool_settle(self, chunk: dict[str, Any], changes: dict[str, Any]) -> None:
+        part = self._find_tool(chunk.get("toolCallId"))
+        if part is None:
+            self.foreign_tool_updates.append({"toolCallId": chunk.get("toolCallId"), **changes})
+            return
+        part.update(changes)
+
+    def _tool_output_available(self, chunk: dict[str, Any]) -> None:
+        changes = {"state": "output-available", "output": chunk.get("output")}
+        if chunk.get("preliminary"):
+            changes["preliminary"] = True
+        self._tool_settle(chunk, changes)
+
+    def _tool_output_error(self, chunk: dict[str, Any]) -> None:
+        self._tool_settle(chunk, {"state": "output-error", "errorText": chunk.get("errorText", "")})
+
+    def _tool_output_denied(self, chunk: dict[str, Any]) -> None:
+        self._tool_settle(chunk, {"state": "output-denied"})
+
+    def _append_as_part(self, chunk: dict[str, Any]) -> None:
+        self.parts.append(dict(chunk))
+
+    def _error(self, chunk: dict[str, Any]) -> None:
+        self.error_text = str(chunk.get("errorText", ""))
+
+    def _apply_data(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("transient"):
+            return
+        part = {k: v for k, v in chunk.items() if k != "transient"}
+        if "id" in part:
+            for existing in self.parts:
+                if existing.get("type") == part["type"] and existing.get("id") == part["id"]:
+                    existing["data"] = part.get("data")
+                    return
+        self.parts.append(part)
+
+
+_HANDLERS: dict[str, Any] = {
+    "start": MessageAccumulator._start,
+    "start-step": MessageAccumulator._step_start,
+    "finish-step": MessageAccumulator._finish_step,
+    "finish": MessageAccumulator._finish,
+    "text-start": lambda acc, c: acc._block_start("text", c),
+    "text-delta": lambda acc, c: acc._block_delta("text", c),
+    "text-end": lambda acc, c: acc._block_end("text", c),
+    "reasoning-start": lambda acc, c: acc._block_start("reasoning", c),
+    "reasoning-delta": lambda acc, c: acc._block_delta("reasoning", c),
+    "reasoning-end": lambda acc, c: acc._block_end("reasoning", c),
+    "tool-input-start": MessageAccumulator._tool_input_start,
+    "tool-input-delta": MessageAccumulator._tool_input_delta,
+    "tool-input-available": MessageAccumulator._tool_input_available,
+    "tool-input-error": MessageAccumulator._tool_input_error,
+    "tool-approval-request": MessageAccumulator._tool_approval_request,
+    "tool-output-available": MessageAccumulator._tool_output_available,
+    "tool-output-error": MessageAccumulator._tool_output_error,
+    "tool-output-denied": MessageAccumulator._tool_output_denied,
+    "source-url": MessageAccumulator._append_as_part,
+    "source-document": MessageAccumulator._append_as_part,
+    "file": MessageAccumulator._append_as_part,
+    "message-metadata": lambda acc, c: acc._merge_metadata(c),
+    "error": MessageAccumulator._error,
+}
+
+
+def fold_bodies(message_id: str, bodies: Iterable[str]) -> MessageAccumulator:
+    """Rebuild a message from stored chunk bodies (recovery, orphan finalising)."""
+    accumulator = MessageAccumulator(message_id)
+    for body in bodies:
+        accumulator.apply_body(body)
+    return accumulator

@@ -1,0 +1,311 @@
+"""The `cf_agent_*` wire codec: parse client frames, build server frames. No database, no I/O."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+USE_CHAT_REQUEST = "cf_agent_use_chat_request"
+USE_CHAT_RESPONSE = "cf_agent_use_chat_response"
+CHAT_MESSAGES = "cf_agent_chat_messages"
+CHAT_CLEAR = "cf_agent_chat_clear"
+CHAT_REQUEST_CANCEL = "cf_agent_chat_request_cancel"
+STREAM_RESUMING = "cf_agent_stream_resuming"
+STREAM_RESUME_ACK = "cf_agent_stream_resume_ack"
+STREAM_RESUME_REQUEST = "cf_agent_stream_resume_request"
+STREAM_RESUME_NONE = "cf_agent_stream_resume_none"
+STREAM_PENDING = "cf_agent_stream_pending"
+TOOL_RESULT = "cf_agent_tool_result"
+TOOL_APPROVAL = "cf_agent_tool_approval"
+MESSAGE_UPDATED = "cf_agent_message_updated"
+CHAT_RECOVERING = "cf_agent_chat_recovering"
+IDENTITY = "cf_agent_identity"
+
+ROLES = frozenset({"user", "assistant", "system"})
+MAX_ID_LENGTH = 255
+
+
+class ProtocolError(ValueError):
+    """A client frame that cannot be accepted; the message says why."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    id: str
+    messages: list[dict[str, Any]]
+    trigger: str
+    extra: dict[str, Any] = field(default_factory=dict)  # custom body fields, kept as request context
+    client_tools: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    id: str
+
+
+@dataclass(frozen=True)
+class Clear:
+    pass
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    probe_id: str | None
+
+
+@dataclass(frozen=True)
+class ResumeAck:
+    id: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    tool_call_id: str
+    tool_name: str
+    output: Any
+    state: str
+    error_text: str | None
+    auto_continue: bool
+    client_tools: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class ToolApproval:
+    tool_call_id: str
+    approved: bool
+    auto_continue: bool
+
+
+@dataclass(frozen=True)
+class ClientMessages:
+    messages: list[dict[str, Any]]
+
+
+Frame = ChatRequest | Cancel | Clear | ResumeRequest | ResumeAck | ToolResult | ToolApproval | ClientMessages
+
+
+def parse_frame(text: str | bytes) -> Frame | None:
+    """Parse one client frame. Unknown types give None; malformed known frames raise ProtocolError."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"frame is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("frame is not a JSON object")
+    parser = _PARSERS.get(data.get("type"))  # type: ignore[arg-type]
+    return parser(data) if parser else None
+
+
+def _str_field(
+    data: dict[str, Any], key: str, *, required: bool = True, max_length: int = MAX_ID_LENGTH
+) -> str:
+    value = data.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value):
+        raise ProtocolError(f"{key!r} must be a non-empty string")
+    if len(value) > max_length:
+        raise ProtocolError(f"{key!r} is longer than {max_length} characters")
+    return value
+
+
+def validate_ui_message(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise ProtocolError("each message must be an object")
+    if not isinstance(message.get("id"), str) or not message["id"] or len(message["id"]) > MAX_ID_LENGTH:
+        raise ProtocolError("each message needs a string 'id' of at most 255 characters")
+    if message.get("role") not in ROLES:
+        raise ProtocolError(f"message {message['id']!r}: 'role' must be one of user, assistant, system")
+    parts = message.get("parts", [])
+    if not isinstance(parts, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("type"), str) for p in parts
+    ):
+        raise ProtocolError(f"message {message['id']!r}: 'parts' must be a list of objects with a 'type'")
+    if (
+        "metadata" in message
+        and message["metadata"] is not None
+        and not isinstance(message["metadata"], dict)
+    ):
+        raise ProtocolError(f"message {message['id']!r}: 'metadata' must be an object")
+    return {"id": message["id"], "role": message["role"], "parts": parts, "metadata": message.get("metadata")}
+
+
+def _parse_client_tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) for t in value
+    ):
+        raise ProtocolError("'clientTools' must be a list of objects with a 'name'")
+    return value
+
+
+def _parse_chat_request(data: dict[str, Any]) -> ChatRequest:
+    request_id = _str_field(data, "id")
+    init = data.get("init")
+    if not isinstance(init, dict) or init.get("method", "POST") != "POST":
+        raise ProtocolError("'init' must be an object with method POST")
+    raw_body = init.get("body")
+    if not isinstance(raw_body, str):
+        raise ProtocolError("'init.body' must be a JSON string")
+    try:
+        body = json.loads(raw_body)
+    except ValueError:
+        raise ProtocolError("'init.body' is not valid JSON") from None
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise ProtocolError("'init.body' must be an object with a 'messages' array")
+    messages = [validate_ui_message(m) for m in body["messages"]]
+    trigger = body.get("trigger", "submit-message")
+    if trigger not in ("submit-message", "regenerate-message"):
+        raise ProtocolError("'trigger' must be submit-message or regenerate-message")
+    client_tools = _parse_client_tools(body.get("clientTools"))
+    extra = {k: v for k, v in body.items() if k not in ("messages", "trigger", "clientTools")}
+    return ChatRequest(request_id, messages, trigger, extra, client_tools)
+
+
+def _parse_tool_result(data: dict[str, Any]) -> ToolResult:
+    state = data.get("state") or "output-available"
+    if state not in ("output-available", "output-error"):
+        raise ProtocolError("'state' must be output-available or output-error")
+    error_text = data.get("errorText")
+    if error_text is not None and not isinstance(error_text, str):
+        raise ProtocolError("'errorText' must be a string")
+    auto_continue = bool(data.get("autoContinue", True)) and state != "output-error"
+    return ToolResult(
+        tool_call_id=_str_field(data, "toolCallId"),
+        tool_name=_str_field(data, "toolName", required=False),
+        output=data.get("output"),
+        state=state,
+        error_text=error_text,
+        auto_continue=auto_continue,
+        client_tools=_parse_client_tools(data.get("clientTools")),
+    )
+
+
+def _parse_tool_approval(data: dict[str, Any]) -> ToolApproval:
+    if not isinstance(data.get("approved"), bool):
+        raise ProtocolError("'approved' must be a boolean")
+    return ToolApproval(
+        _str_field(data, "toolCallId"), data["approved"], bool(data.get("autoContinue", True))
+    )
+
+
+def _parse_resume_request(data: dict[str, Any]) -> ResumeRequest:
+    probe = data.get("probeId")
+    if probe is not None and (not isinstance(probe, str) or len(probe) > MAX_ID_LENGTH):
+        raise ProtocolError("'probeId' must be a short string")
+    return ResumeRequest(probe)
+
+
+def _parse_client_messages(data: dict[str, Any]) -> ClientMessages:
+    if not isinstance(data.get("messages"), list):
+        raise ProtocolError("'messages' must be an array")
+    return ClientMessages([validate_ui_message(m) for m in data["messages"]])
+
+
+_PARSERS: dict[str, Any] = {
+    USE_CHAT_REQUEST: _parse_chat_request,
+    CHAT_REQUEST_CANCEL: lambda d: Cancel(_str_field(d, "id")),
+    CHAT_CLEAR: lambda d: Clear(),
+    STREAM_RESUME_REQUEST: _parse_resume_request,
+    STREAM_RESUME_ACK: lambda d: ResumeAck(_str_field(d, "id")),
+    TOOL_RESULT: _parse_tool_result,
+    TOOL_APPROVAL: _parse_tool_approval,
+    CHAT_MESSAGES: _parse_client_messages,
+}
+
+
+# -- server frames -----------------------------------------------------------------------------------
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_chunk(chunk: dict[str, Any]) -> str:
+    """A chunk's body text: compact JSON, so it never contains a raw newline (see Segment)."""
+    return dumps(chunk)
+
+
+def chunk_frame(request_id_json: str, body: str, seq: int, *, continuation: bool = False) -> str:
+    """The live frame of one chunk; request_id_json is the request id already JSON-encoded."""
+    cont = ',"continuation":true' if continuation else ""
+    body_json = json.dumps(body, ensure_ascii=False)
+    return (
+        f'{{"type":"{USE_CHAT_RESPONSE}","id":{request_id_json},"body":{body_json},'
+        f'"done":false,"seq":{seq}{cont}}}'
+    )
+
+
+def response_frame(
+    request_id: str,
+    body: str = "",
+    *,
+    done: bool = False,
+    error: bool = False,
+    continuation: bool = False,
+    replay: bool = False,
+    replay_complete: bool = False,
+    seq: int | None = None,
+    outcome: str | None = None,
+) -> str:
+    frame: dict[str, Any] = {"type": USE_CHAT_RESPONSE, "id": request_id, "body": body, "done": done}
+    flags = {
+        "error": error,
+        "continuation": continuation,
+        "replay": replay,
+        "replayComplete": replay_complete,
+    }
+    frame.update({k: True for k, on in flags.items() if on})
+    if seq is not None:
+        frame["seq"] = seq
+    if outcome is not None:
+        frame["outcome"] = outcome
+    return dumps(frame)
+
+
+def identity_frame(name: str, agent: str) -> str:
+    return dumps({"type": IDENTITY, "name": name, "agent": agent})
+
+
+def chat_messages_frame(messages: list[dict[str, Any]]) -> str:
+    return dumps({"type": CHAT_MESSAGES, "messages": messages})
+
+
+def stream_resuming_frame(request_id: str, probe_id: str | None = None) -> str:
+    frame = {"type": STREAM_RESUMING, "id": request_id}
+    if probe_id is not None:
+        frame["probeId"] = probe_id
+    return dumps(frame)
+
+
+def stream_resume_none_frame(reason: str | None = None, probe_id: str | None = None) -> str:
+    frame = {"type": STREAM_RESUME_NONE}
+    if reason is not None:
+        frame["reason"] = reason
+    if probe_id is not None:
+        frame["probeId"] = probe_id
+    return dumps(frame)
+
+
+def stream_pending_frame(request_id: str | None = None, probe_id: str | None = None) -> str:
+    frame = {"type": STREAM_PENDING}
+    if request_id is not None:
+        frame["id"] = request_id
+    if probe_id is not None:
+        frame["probeId"] = probe_id
+    return dumps(frame)
+
+
+def chat_clear_frame() -> str:
+    return dumps({"type": CHAT_CLEAR})
+
+
+def recovering_frame(recovering: bool, request_id: str | None = None) -> str:
+    frame: dict[str, Any] = {"type": CHAT_RECOVERING, "recovering": recovering}
+    if request_id is not None:
+        frame["id"] = request_id
+    return dumps(frame)
+
+
+def message_updated_frame(message: dict[str, Any]) -> str:
+    return dumps({"type": MESSAGE_UPDATED, "message": message})

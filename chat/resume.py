@@ -1,0 +1,96 @@
+"""Server side of the resume handshake (reference §3.4), as decisions read from Postgres.
+
+Any web process can answer, because the active stream, the pre-stream turn and the terminal record
+all live in the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from recovery.models import Stream
+from recovery.stream import stream_chunks
+
+from .models import Conversation
+from .protocol import response_frame
+from .selectors import active_stream, messages_list, pending_turn_request_id, stream_for_request
+
+
+@dataclass(frozen=True)
+class ConnectState:
+    active_request_id: str | None
+    pending_request_id: str | None
+    messages: list[dict[str, Any]]
+    recovering: dict[str, Any] | None
+
+
+def connect_state(*, conversation_id: int) -> ConnectState:
+    stream = active_stream(conversation_id=conversation_id)
+    if stream is not None:
+        return ConnectState(stream.request_id, None, [], None)
+    conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
+    return ConnectState(
+        None,
+        pending_turn_request_id(conversation_id=conversation_id),
+        messages_list(conversation_id=conversation_id),
+        conversation.recovering,
+    )
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    kind: str  # "resuming", "pending" or "idle"
+    request_id: str | None = None
+
+
+def probe_answer(*, conversation_id: int) -> ProbeAnswer:
+    """What to answer to cf_agent_stream_resume_request."""
+    stream = active_stream(conversation_id=conversation_id)
+    if stream is not None:
+        return ProbeAnswer("resuming", stream.request_id)
+    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
+    if isinstance(terminal, dict) and terminal.get("requestId"):
+        return ProbeAnswer("resuming", str(terminal["requestId"]))
+    pending = pending_turn_request_id(conversation_id=conversation_id)
+    if pending is not None:
+        return ProbeAnswer("pending", pending)
+    return ProbeAnswer("idle")
+
+
+@dataclass(frozen=True)
+class Replay:
+    frames: list[str]
+    last_seq: int  # highest chunk seq replayed (-1 when none)
+    ignore: bool = False  # an ACK for a stream other than the active one
+
+
+def _replay_frames(stream: Stream) -> tuple[list[str], int]:
+    chunks = stream_chunks(stream.pk)
+    frames = [
+        response_frame(stream.request_id, body, replay=True, seq=seq, continuation=stream.is_continuation)
+        for seq, body in chunks
+    ]
+    return frames, (chunks[-1][0] if chunks else -1)
+
+
+def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
+    """The frames answering cf_agent_stream_resume_ack for request_id."""
+    active = active_stream(conversation_id=conversation_id)
+    if active is not None and active.request_id != request_id:
+        return Replay([], -1, ignore=True)
+    if active is not None:
+        frames, last = _replay_frames(active)
+        tail = response_frame(
+            request_id, replay=True, replay_complete=True, continuation=active.is_continuation
+        )
+        return Replay([*frames, tail], last)
+    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
+    stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
+    frames, last = _replay_frames(stream) if stream is not None else ([], -1)
+    if isinstance(terminal, dict) and terminal.get("requestId") == request_id:
+        end = response_frame(request_id, str(terminal.get("body", "")), done=True, error=True, seq=last + 1)
+        return Replay([*frames, end], last + 1)
+    continuation = stream.is_continuation if stream is not None else False
+    end = response_frame(request_id, done=True, replay=True, continuation=continuation, seq=last + 1)
+    return Replay([*frames, end], last + 1)

@@ -1,0 +1,194 @@
+"""Writes: accepting turns, persisting messages, finishing turns, clearing conversations.
+
+Every write that clients must hear about is followed by a broadcast after its transaction commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from recovery.fibers import fiber_create, fiber_finish, fibers_fence_out, next_pending_fiber
+from recovery.models import Fiber, Stream
+from recovery.stream import stream_close
+
+from .models import Conversation, Message
+from .protocol import ChatRequest
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_KIND = "think-chat-turn"
+
+
+def conversation_get_or_create(*, agent: str, name: str) -> Conversation:
+    try:
+        conversation, _ = Conversation.objects.get_or_create(agent=agent, name=name)
+    except IntegrityError:  # two connections created it at once
+        conversation = Conversation.objects.get(agent=agent, name=name)
+    return conversation
+
+
+def _lock_conversation(conversation_id: int) -> Conversation:
+    return Conversation.objects.select_for_update().get(pk=conversation_id)
+
+
+def _next_position(conversation_id: int) -> int:
+    current = Message.objects.filter(conversation_id=conversation_id).aggregate(m=Max("position"))["m"]
+    return 0 if current is None else current + 1
+
+
+def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
+    """Store a UIMessage: replace the one with this id, or append it. Call with the conversation locked."""
+    existing = Message.objects.filter(conversation_id=conversation_id, message_id=message["id"]).first()
+    if existing is not None:
+        existing.parts = message.get("parts", [])
+        existing.metadata = message.get("metadata")
+        existing.save(update_fields=["parts", "metadata", "updated_at"])
+        return existing
+    return Message.objects.create(
+        conversation_id=conversation_id,
+        message_id=message["id"],
+        role=message["role"],
+        parts=message.get("parts", []),
+        metadata=message.get("metadata"),
+        position=_next_position(conversation_id),
+    )
+
+
+def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: str) -> None:
+    """Merge the client's transcript into ours: the server is authoritative for messages it has.
+
+    New messages are appended in order. On regenerate, the client has dropped the last assistant
+    message, so stored messages after the last incoming one that we know are removed.
+    """
+    known = dict(
+        Message.objects.filter(conversation_id=conversation_id).values_list("message_id", "position")
+    )
+    if trigger == "regenerate-message":
+        anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=-1)
+        Message.objects.filter(conversation_id=conversation_id, position__gt=anchor).delete()
+    for message in incoming:
+        if message["id"] not in known:
+            message_upsert(conversation_id=conversation_id, message=message)
+
+
+def turn_snapshot(
+    *,
+    conversation: Conversation,
+    request_id: str,
+    continuation: bool,
+    root_request_id: str | None = None,
+) -> dict[str, Any]:
+    """The fiber snapshot, written before the model is called, so even a pre-stream crash is recoverable."""
+    latest = Message.objects.filter(conversation=conversation).order_by("-position").first()
+    latest_user = (
+        Message.objects.filter(conversation=conversation, role=Message.Role.USER)
+        .order_by("-position")
+        .first()
+    )
+    chat = {
+        "kind": SNAPSHOT_KIND,
+        "version": 1,
+        "requestId": request_id,
+        "recoveryRootRequestId": root_request_id or request_id,
+        "continuation": continuation,
+        "latestMessageId": latest.message_id if latest else None,
+        "latestMessageRole": latest.role if latest else None,
+        "latestUserMessageId": latest_user.message_id if latest_user else None,
+        "startedAt": timezone.now().isoformat(),
+        "lastBody": conversation.last_body,
+        "lastClientTools": conversation.last_client_tools,
+    }
+    return {"chat": chat, "user": None}
+
+
+@dataclass(frozen=True)
+class AcceptedTurn:
+    fiber_id: Any
+    request_id: str
+    duplicate: bool = False
+
+
+def turn_accept(*, conversation_id: int, request: ChatRequest) -> AcceptedTurn:
+    """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit."""
+    with transaction.atomic():
+        conversation = _lock_conversation(conversation_id)
+        existing = Fiber.objects.filter(conversation=conversation, request_id=request.id).first()
+        if existing is not None:
+            return AcceptedTurn(existing.pk, request.id, duplicate=True)
+        _reconcile(conversation_id, request.messages, request.trigger)
+        conversation.last_body = request.extra or None
+        if request.client_tools is not None:
+            conversation.last_client_tools = request.client_tools
+        conversation.last_terminal = None
+        conversation.save(update_fields=["last_body", "last_client_tools", "last_terminal", "updated_at"])
+        snapshot = turn_snapshot(conversation=conversation, request_id=request.id, continuation=False)
+        fiber = fiber_create(
+            conversation_id=conversation_id, request_id=request.id, kind=Fiber.Kind.CHAT, snapshot=snapshot
+        )
+        transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
+    return AcceptedTurn(fiber.pk, request.id)
+
+
+def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:
+    """Hand a fiber to a worker, unless another turn of the conversation runs (it will start this one)."""
+    from .tasks import run_turn
+
+    if next_pending_fiber(conversation_id=conversation_id) == fiber_id:
+        run_turn.delay(str(fiber_id))
+
+
+def turn_enqueue_next(*, conversation_id: int) -> None:
+    from .tasks import run_turn
+
+    fiber_id = next_pending_fiber(conversation_id=conversation_id)
+    if fiber_id is not None:
+        run_turn.delay(str(fiber_id))
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    status: str  # a Fiber.Status
+    stream_status: str  # a Stream.Status
+    message: dict[str, Any] | None  # the assistant message to persist, if it has content
+    terminal: str | None = None  # error text recorded for late reconnects
+
+
+def turn_finish(
+    *, fiber_id: Any, fencing: int, conversation_id: int, stream_id: Any, outcome: TurnOutcome
+) -> None:
+    """Persist the assistant message and close stream and fiber in one transaction, fenced."""
+    with transaction.atomic():
+        conversation = _lock_conversation(conversation_id)
+        fiber_finish(fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or "")
+        if outcome.message is not None:
+            message_upsert(conversation_id=conversation_id, message=outcome.message)
+        if stream_id is not None:
+            stream_close(stream_id=stream_id, status=outcome.stream_status)
+        fiber = Fiber.objects.only("request_id").get(pk=fiber_id)
+        conversation.last_terminal = (
+            {"requestId": fiber.request_id, "body": outcome.terminal} if outcome.terminal else None
+        )
+        conversation.save(update_fields=["last_terminal", "updated_at"])
+        transaction.on_commit(lambda: turn_enqueue_next(conversation_id=conversation_id))
+
+
+def conversation_clear(*, conversation_id: int) -> None:
+    """Delete the transcript, stream buffers and request context; running turns are fenced out."""
+    with transaction.atomic():
+        conversation = _lock_conversation(conversation_id)
+        fibers_fence_out(conversation_id=conversation_id)
+        Message.objects.filter(conversation=conversation).delete()
+        Stream.objects.filter(conversation=conversation).delete()
+        conversation.last_body = None
+        conversation.last_client_tools = None
+        conversation.last_terminal = None
+        conversation.recovering = None
+        conversation.save(
+            update_fields=["last_body", "last_client_tools", "last_terminal", "recovering", "updated_at"]
+        )

@@ -1,0 +1,206 @@
+"""The turn runner: one model call streamed durably, on the worker's event loop.
+
+The runner claims the fiber, opens the stream, folds provider deltas into UI chunks, hands them to the
+stream writer (which persists then publishes), keeps the lease alive, and finishes the turn in one
+fenced transaction. Losing the lease stops it without another write or frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_heartbeat, worker_identity
+from recovery.models import Fiber, Stream
+from recovery.runtime import db
+from recovery.stream import StreamWriter, stream_open
+
+from . import broadcast, llm
+from .agents import Think, agent_for
+from .chunking import UIChunker
+from .conf import think_setting
+from .folding import MessageAccumulator
+from .models import Conversation
+from .protocol import chat_messages_frame, response_frame
+from .selectors import messages_list
+from .services import TurnOutcome, turn_finish
+from .transcript import to_model_messages
+
+logger = logging.getLogger(__name__)
+
+
+async def turn_run(fiber_id: str) -> None:
+    """Run the turn of a fiber; a duplicate delivery, or a fiber that is not pending, does nothing."""
+    claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity())
+    if claim is None:
+        logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
+        return
+    await TurnRunner(claim).run()
+
+
+def _load(conversation_id: int) -> tuple[Conversation, list[dict[str, Any]]]:
+    conversation = Conversation.objects.get(pk=conversation_id)
+    return conversation, messages_list(conversation_id=conversation_id)
+
+
+class TurnRunner:
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        self.conversation_id = claim.conversation_id
+        self.request_id = claim.request_id
+        self.continuation = bool((claim.snapshot or {}).get("chat", {}).get("continuation"))
+        self.message_id = str(uuid.uuid4())
+        self.accumulator = MessageAccumulator(self.message_id)
+        self.writer: StreamWriter | None = None
+        self.stream_id: Any = None
+        self.stop_reason: str | None = None  # "cancel" or "lease"
+        self.log_extra = {"conversation_id": claim.conversation_id, "request_id": claim.request_id}
+
+    async def run(self) -> None:
+        conversation, messages = await db(_load, self.conversation_id)
+        agent = agent_for(conversation.agent, conversation.name, conversation.pk)
+        try:
+            self.stream_id = await db(
+                stream_open,
+                conversation_id=self.conversation_id,
+                fiber_id=self.claim.fiber_id,
+                fencing=self.claim.fencing,
+                request_id=self.request_id,
+                message_id=self.message_id,
+                continuation=self.continuation,
+            )
+        except LeaseLost:
+            logger.warning("fiber lost before its stream opened", extra=self.log_extra)
+            return
+        self.writer = StreamWriter(
+            stream_id=self.stream_id,
+            fiber_id=self.claim.fiber_id,
+            fencing=self.claim.fencing,
+            request_id=self.request_id,
+            continuation=self.continuation,
+            publish=self._publish_frames,
+        )
+        await broadcast.publish_stream_started(self.conversation_id, self.request_id)
+        await self._supervise(agent, messages)
+
+    async def _publish_frames(self, frames: list[tuple[int, str]]) -> None:
+        await broadcast.publish_frames(self.conversation_id, self.request_id, frames)
+
+    async def _supervise(self, agent: Think, messages: list[dict[str, Any]]) -> None:
+        producer = asyncio.create_task(self._produce(agent, messages))
+        guard = asyncio.create_task(self._guard(producer))
+        error: BaseException | None = None
+        try:
+            await producer
+        except asyncio.CancelledError:
+            if self.stop_reason is None:  # the worker itself is stopping: hand the turn to recovery
+                await self._abandon()
+                raise
+        except LeaseLost:
+            self.stop_reason = "lease"
+        except Exception as exc:
+            error = exc
+        finally:
+            guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await guard
+        if self.stop_reason == "lease":
+            logger.warning("fiber lease lost; the turn stops without writing", extra=self.log_extra)
+            return
+        await self._finish(error)
+
+    async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
+        chunker = UIChunker(self.message_id)
+        for chunk in chunker.begin():
+            await self._emit(chunk)
+        model_messages = to_model_messages(messages, system_prompt=agent.get_system_prompt())
+        async for event in llm.stream_chat(model=agent.completion_kwargs(), messages=model_messages):
+            for chunk in chunker.feed(event):
+                await self._emit(chunk)
+        for chunk in chunker.end():
+            await self._emit(chunk)
+
+    async def _emit(self, chunk: dict[str, Any]) -> None:
+        assert self.writer is not None
+        self.accumulator.apply(chunk)
+        if self.writer.add(chunk):
+            # Shielded so that a cancel arriving mid-write cannot leave a committed segment unpublished.
+            await asyncio.shield(self.writer.flush())
+
+    async def _guard(self, producer: asyncio.Task[None]) -> None:
+        """Timed flushes, lease heartbeats and cancel checks while the producer runs."""
+        assert self.writer is not None
+        flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
+        heartbeat_interval = float(think_setting("HEARTBEAT_INTERVAL_S"))
+        while True:
+            await asyncio.sleep(flush_interval / 2)
+            try:
+                if self.writer.flush_due:
+                    await asyncio.shield(self.writer.flush())
+                if time.monotonic() - self.writer.last_write >= heartbeat_interval:
+                    beat = await db(fiber_heartbeat, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing)
+                    self.writer.last_write = time.monotonic()
+                    if not beat.alive:
+                        raise LeaseLost(str(self.claim.fiber_id))
+                    self.writer.cancel_requested |= beat.cancel_requested
+            except LeaseLost:
+                self.stop_reason = "lease"
+                producer.cancel()
+                return
+            if self.writer.cancel_requested:
+                self.stop_reason = "cancel"
+                producer.cancel()
+                return
+
+    def _outcome(self, error: BaseException | None) -> tuple[TurnOutcome, str]:
+        message = self.accumulator.message() if self.accumulator.has_content else None
+        if error is not None:
+            text = llm.error_text(error)
+            return TurnOutcome(Fiber.Status.FAILED, Stream.Status.ERROR, message, terminal=text), "error"
+        if self.stop_reason == "cancel":
+            return TurnOutcome(Fiber.Status.CANCELLED, Stream.Status.COMPLETED, message), "aborted"
+        return TurnOutcome(Fiber.Status.COMPLETED, Stream.Status.COMPLETED, message), "completed"
+
+    async def _finish(self, error: BaseException | None) -> None:
+        assert self.writer is not None
+        if error is not None:
+            logger.warning("turn failed: %s", llm.error_text(error), extra=self.log_extra)
+        try:
+            await self.writer.flush()
+            outcome, wire_outcome = self._outcome(error)
+            await db(
+                turn_finish,
+                fiber_id=self.claim.fiber_id,
+                fencing=self.claim.fencing,
+                conversation_id=self.conversation_id,
+                stream_id=self.stream_id,
+                outcome=outcome,
+            )
+        except LeaseLost:
+            logger.warning("fiber lease lost while finishing; nothing written", extra=self.log_extra)
+            return
+        messages = await db(messages_list, conversation_id=self.conversation_id)
+        await broadcast.publish(self.conversation_id, chat_messages_frame(messages))
+        seq = self.writer.next_seq
+        done = response_frame(
+            self.request_id,
+            outcome.terminal or "",
+            done=True,
+            error=outcome.terminal is not None,
+            continuation=self.continuation,
+            seq=seq,
+            outcome=wire_outcome,
+        )
+        await broadcast.publish_stream_end(self.conversation_id, self.request_id, seq, done)
+        logger.info("turn %s (%s chunks)", wire_outcome, seq, extra=self.log_extra)
+
+    async def _abandon(self) -> None:
+        """The worker is shutting down: persist what is buffered and let the lease lapse for recovery."""
+        assert self.writer is not None
+        with contextlib.suppress(Exception):
+            await self.writer.flush()
+        logger.warning("worker stopping mid-turn; the fiber is left for recovery", extra=self.log_extra)

@@ -1,0 +1,142 @@
+"""Fibers: claim, heartbeat and finish a turn under a lease with a fencing number.
+
+A fiber is claimed by exactly one worker at a time. Claiming bumps the fencing number, and every write
+the worker makes afterwards (segments, heartbeats, the final message) is conditional on that number, so a
+second delivery of the task or a worker that wakes up after its lease moved on cannot write anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from chat.conf import think_setting
+
+from .models import Fiber
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """The fiber is no longer ours: another worker, a recovery or a clear took it over."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    fiber_id: Any
+    fencing: int
+    conversation_id: int
+    request_id: str
+    kind: str
+    snapshot: dict[str, Any] | None
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def lease_ttl() -> timedelta:
+    return timedelta(seconds=float(think_setting("LEASE_TTL_S")))
+
+
+def fiber_create(
+    *, conversation_id: int, request_id: str, kind: str, snapshot: dict[str, Any] | None
+) -> Fiber:
+    return Fiber.objects.create(
+        conversation_id=conversation_id, request_id=request_id, kind=kind, snapshot=snapshot
+    )
+
+
+def fiber_claim(*, fiber_id: Any, owner: str) -> Claim | None:
+    """Take the lease of a pending fiber; None when it is not pending or its conversation is busy.
+
+    Claims are serialised per conversation by locking the conversation row, so only one turn of a
+    conversation runs at a time across all workers, and turns start in the order they were accepted.
+    """
+    from chat.models import Conversation
+
+    with transaction.atomic():
+        fiber = Fiber.objects.filter(pk=fiber_id).first()
+        if fiber is None or fiber.status != Fiber.Status.PENDING:
+            return None
+        Conversation.objects.select_for_update().filter(pk=fiber.conversation_id).first()
+        ahead = Fiber.objects.filter(conversation_id=fiber.conversation_id).exclude(pk=fiber.pk)
+        if ahead.filter(status=Fiber.Status.RUNNING).exists():
+            return None
+        if ahead.filter(status=Fiber.Status.PENDING, created_at__lt=fiber.created_at).exists():
+            return None
+        updated = Fiber.objects.filter(pk=fiber.pk, status=Fiber.Status.PENDING).update(
+            status=Fiber.Status.RUNNING,
+            fencing=F("fencing") + 1,
+            lease_owner=owner,
+            lease_expires_at=Now() + lease_ttl(),
+            heartbeat_at=Now(),
+            started_at=Now(),
+        )
+        if not updated:
+            return None
+        fencing = Fiber.objects.values_list("fencing", flat=True).get(pk=fiber.pk)
+    return Claim(fiber.pk, fencing, fiber.conversation_id, fiber.request_id, fiber.kind, fiber.snapshot)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    alive: bool
+    cancel_requested: bool = False
+
+
+def fiber_heartbeat(*, fiber_id: Any, fencing: int) -> Heartbeat:
+    """Renew the lease; tells whether it is still ours and whether a cancel was asked for."""
+    fiber = Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING)
+    if not fiber.update(lease_expires_at=Now() + lease_ttl(), heartbeat_at=Now()):
+        return Heartbeat(alive=False)
+    cancel = Fiber.objects.values_list("cancel_requested", flat=True).get(pk=fiber_id)
+    return Heartbeat(alive=True, cancel_requested=cancel)
+
+
+def fiber_finish(*, fiber_id: Any, fencing: int, status: str, error: str = "") -> None:
+    """Mark a fiber finished; raises LeaseLost if it is no longer ours. Call inside the final transaction."""
+    updated = Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
+        status=status, error=error, finished_at=Now(), lease_expires_at=None, lease_owner=""
+    )
+    if not updated:
+        raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+
+
+def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
+    """Ask the fiber of a request to stop; a pending one is cancelled at once."""
+    fibers = Fiber.objects.filter(conversation_id=conversation_id, request_id=request_id)
+    fibers.filter(status=Fiber.Status.PENDING).update(
+        status=Fiber.Status.CANCELLED, finished_at=Now(), fencing=F("fencing") + 1
+    )
+    return bool(fibers.filter(status=Fiber.Status.RUNNING).update(cancel_requested=True))
+
+
+def fibers_fence_out(*, conversation_id: int) -> int:
+    """Cancel every active fiber of a conversation and fence out their workers (used by clear)."""
+    return (
+        Fiber.objects.filter(conversation_id=conversation_id)
+        .active()
+        .update(
+            status=Fiber.Status.CANCELLED, finished_at=Now(), fencing=F("fencing") + 1, lease_expires_at=None
+        )
+    )
+
+
+def next_pending_fiber(*, conversation_id: int) -> Any | None:
+    """The fiber that should run next in a conversation, if none is running."""
+    fibers = Fiber.objects.filter(conversation_id=conversation_id)
+    if fibers.filter(status=Fiber.Status.RUNNING).exists():
+        return None
+    return (
+        fibers.filter(status=Fiber.Status.PENDING).order_by("created_at").values_list("pk", flat=True).first()
+    )

@@ -1,0 +1,85 @@
+"""One long-lived asyncio event loop per worker process.
+
+Turns spend nearly all their time waiting on the provider, so they run as coroutines on a single loop
+per process (one Redis pool, one set of HTTP clients) whichever Celery pool executes the task: the task
+thread only submits the coroutine and waits. Database calls hop to a small thread pool, so a process
+holds a handful of Postgres connections however many turns it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
+
+from django.db import connection
+from django.db.utils import InterfaceError, OperationalError
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DB_THREADS = int(os.environ.get("THINK_DB_THREADS", "8"))
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_executor: ThreadPoolExecutor | None = None
+
+
+def _start() -> asyncio.AbstractEventLoop:
+    global _loop, _executor
+    loop = asyncio.new_event_loop()
+    _executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="think-db")
+    loop.set_default_executor(_executor)
+    thread = threading.Thread(target=loop.run_forever, name="think-loop", daemon=True)
+    thread.start()
+    _loop = loop
+    return loop
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    with _lock:
+        return _loop if _loop is not None and not _loop.is_closed() else _start()
+
+
+def _forget_after_fork() -> None:
+    # A forked child inherits the parent's loop object but not its thread: start afresh on first use.
+    global _loop, _executor, _lock
+    _loop, _executor, _lock = None, None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run a coroutine on the process loop from a synchronous caller (a Celery task thread)."""
+    future = asyncio.run_coroutine_threadsafe(coro, get_loop())
+    try:
+        return future.result(timeout)
+    except BaseException:
+        future.cancel()
+        raise
+
+
+def _with_reconnect(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Call fn on this DB thread; a connection broken by a Postgres restart is reopened once."""
+    try:
+        return fn(*args, **kwargs)
+    except (InterfaceError, OperationalError):
+        if connection.in_atomic_block:
+            raise
+        logger.warning("database connection failed; reconnecting once", exc_info=True)
+        connection.close()
+        return fn(*args, **kwargs)
+
+
+async def db(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run a synchronous database function on the DB thread pool."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, functools.partial(_with_reconnect, fn, *args, **kwargs))

@@ -1,0 +1,222 @@
+"""The resumable stream: chunk buffering, flush policy, sequence numbers, progress credit and replay.
+
+Every chunk gets a per-stream sequence number. Chunks are buffered and written as one segment row per
+flush, in one statement that also renews the fiber's lease, credits progress and checks the fencing
+number, so the hot path costs one round trip per batch and a fenced-out worker writes nothing.
+Frames are published only after their segment is committed, so a client can always re-read what it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from chat.conf import think_setting
+from chat.models import Conversation
+from chat.protocol import chunk_frame, dumps, encode_chunk
+
+from .fibers import LeaseLost, lease_ttl
+from .models import Fiber, Segment, Stream
+from .runtime import db
+
+logger = logging.getLogger(__name__)
+
+MILESTONE_CHUNKS = frozenset(
+    {
+        "text-start",
+        "reasoning-start",
+        "tool-input-available",
+        "tool-output-available",
+        "tool-output-error",
+        "tool-output-denied",
+    }
+)
+DELTA_CHUNKS = frozenset({"text-delta", "reasoning-delta", "tool-input-delta"})
+SETTLED_TOOL_CHUNKS = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})
+CONTENT_CHUNKS = frozenset({"text-delta", "reasoning-delta", "tool-input-available"})
+PROGRESS_DELTA_WINDOW_S = 5.0
+MAX_CHUNK_BYTES = 1_800_000
+MAX_SEGMENT_BYTES = 512_000
+
+Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SegmentWrite:
+    cancel_requested: bool
+
+
+_APPEND_SQL = """
+WITH lease AS (
+    UPDATE {fiber} SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now()
+    WHERE id = %(fiber_id)s AND fencing = %(fencing)s AND status = 'running'
+    RETURNING conversation_id, cancel_requested
+), progress AS (
+    UPDATE {conversation} AS c SET progress = c.progress + %(credit)s
+    FROM lease WHERE c.id = lease.conversation_id AND %(credit)s > 0
+    RETURNING c.id
+)
+INSERT INTO {segment} (stream_id, seq_start, seq_end, body, fencing, created_at)
+SELECT %(stream_id)s, %(seq_start)s, %(seq_end)s, %(body)s, %(fencing)s, now() FROM lease
+RETURNING (SELECT cancel_requested FROM lease)
+"""
+
+
+def segment_append(
+    *, fiber_id: Any, fencing: int, stream_id: Any, seq_start: int, seq_end: int, body: str, credit: int
+) -> SegmentWrite | None:
+    """Write one segment if the fiber is still ours (None otherwise), renewing its lease."""
+    sql = _APPEND_SQL.format(
+        fiber=Fiber._meta.db_table, conversation=Conversation._meta.db_table, segment=Segment._meta.db_table
+    )
+    params = {
+        "ttl": lease_ttl(),
+        "fiber_id": fiber_id,
+        "fencing": fencing,
+        "credit": credit,
+        "stream_id": stream_id,
+        "seq_start": seq_start,
+        "seq_end": seq_end,
+        "body": body,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else SegmentWrite(cancel_requested=bool(row[0]))
+
+
+def stream_open(
+    *, conversation_id: int, fiber_id: Any, fencing: int, request_id: str, message_id: str, continuation: bool
+) -> Any:
+    """Create the stream row of a turn, if the fiber is still ours."""
+    with transaction.atomic():
+        owned = Fiber.objects.select_for_update().filter(
+            pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING
+        )
+        if not owned.exists():
+            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+        stream = Stream.objects.create(
+            conversation_id=conversation_id,
+            fiber_id=fiber_id,
+            request_id=request_id,
+            message_id=message_id,
+            is_continuation=continuation,
+        )
+    return stream.pk
+
+
+def stream_chunks(stream_id: Any, *, after_seq: int = -1) -> list[tuple[int, str]]:
+    """Stored chunks of a stream with seq > after_seq, in order, as (seq, body)."""
+    chunks: list[tuple[int, str]] = []
+    segments = Segment.objects.filter(stream_id=stream_id, seq_end__gt=after_seq).order_by("seq_start")
+    for seq_start, body in segments.values_list("seq_start", "body"):
+        for offset, chunk in enumerate(body.split("\n")):
+            if seq_start + offset > after_seq:
+                chunks.append((seq_start + offset, chunk))
+    return chunks
+
+
+def stream_close(*, stream_id: Any, status: str) -> None:
+    Stream.objects.filter(pk=stream_id, status=Stream.Status.STREAMING).update(
+        status=status, completed_at=timezone.now()
+    )
+
+
+class StreamWriter:
+    """Buffers the chunks of one stream and flushes them as segments, then publishes their frames."""
+
+    def __init__(
+        self,
+        *,
+        stream_id: Any,
+        fiber_id: Any,
+        fencing: int,
+        request_id: str,
+        continuation: bool,
+        publish: Publish,
+    ) -> None:
+        self.stream_id = stream_id
+        self.fiber_id = fiber_id
+        self.fencing = fencing
+        self.continuation = continuation
+        self.publish = publish
+        self.next_seq = 0
+        self.cancel_requested = False
+        self.last_write = time.monotonic()
+        self._request_id_json = dumps(request_id)
+        self._buffer: list[tuple[int, str, str]] = []  # (seq, body, frame)
+        self._buffer_bytes = 0
+        self._buffered_since = 0.0
+        self._credit = 0
+        self._last_delta_credit = float("-inf")
+        self._flushed_any = False
+        self._lock = asyncio.Lock()
+        self._flush_every = int(think_setting("FLUSH_EVERY_CHUNKS"))
+        self._flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
+
+    def add(self, chunk: dict[str, Any]) -> bool:
+        """Buffer one chunk; True when it must be flushed now (first content, settled tool, full batch)."""
+        chunk_type = chunk.get("type")
+        body = encode_chunk(chunk)
+        seq = self.next_seq
+        self.next_seq += 1
+        self._credit += self._progress_credit(chunk_type)
+        frame = chunk_frame(self._request_id_json, body, seq, continuation=self.continuation)
+        if len(body.encode()) > MAX_CHUNK_BYTES:
+            # Too big to store: it still goes out live, but a replay will not have it.
+            logger.warning("chunk %s of stream %s is too large to store", seq, self.stream_id)
+            body = encode_chunk({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
+        if not self._buffer:
+            self._buffered_since = time.monotonic()
+        self._buffer.append((seq, body, frame))
+        self._buffer_bytes += len(body)
+        if chunk_type in SETTLED_TOOL_CHUNKS:
+            return True
+        if chunk_type in CONTENT_CHUNKS and not self._flushed_any:
+            return True
+        return len(self._buffer) >= self._flush_every or self._buffer_bytes >= MAX_SEGMENT_BYTES
+
+    def _progress_credit(self, chunk_type: Any) -> int:
+        if chunk_type in MILESTONE_CHUNKS:
+            return 1
+        if chunk_type in DELTA_CHUNKS:
+            now = time.monotonic()
+            if now - self._last_delta_credit >= PROGRESS_DELTA_WINDOW_S:
+                self._last_delta_credit = now
+                return 1
+        return 0
+
+    @property
+    def flush_due(self) -> bool:
+        return bool(self._buffer) and time.monotonic() - self._buffered_since >= self._flush_interval
+
+    async def flush(self) -> None:
+        """Write the buffer as one segment, then publish its frames. Raises LeaseLost when fenced out."""
+        async with self._lock:
+            if not self._buffer:
+                return
+            batch, credit = self._buffer, self._credit
+            self._buffer, self._buffer_bytes, self._credit = [], 0, 0
+            result = await db(
+                segment_append,
+                fiber_id=self.fiber_id,
+                fencing=self.fencing,
+                stream_id=self.stream_id,
+                seq_start=batch[0][0],
+                seq_end=batch[-1][0],
+                body="\n".join(b for _, b, _ in batch),
+                credit=credit,
+            )
+            if result is None:
+                raise LeaseLost(f"fiber {self.fiber_id} fencing {self.fencing}")
+            self._flushed_any = True
+            self.last_write = time.monotonic()
+            self.cancel_requested = self.cancel_requested or result.cancel_requested
+            await self.publish([(seq, frame) for seq, _, frame in batch])

@@ -1,0 +1,82 @@
+"""Shared fixtures: the scripted model, and a real worker + daphne stack on the test database."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from tests.support import Proc, stack_env, start_daphne, start_worker  # noqa: E402
+from thinkproject.scripted_model import ScriptedModelServer  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def clean_test_redis() -> None:
+    """The test Redis databases start empty: no queued turns or channel messages from earlier runs."""
+    for url in (
+        settings.CELERY_BROKER_URL,
+        settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"],
+    ):
+        redis.Redis.from_url(url).flushdb()
+
+
+@pytest.fixture(scope="session")
+def scripted_model() -> Iterator[ScriptedModelServer]:
+    server = ScriptedModelServer(token_rate=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def stack_environment(
+    django_db_setup: Any, django_db_blocker: Any, scripted_model: ScriptedModelServer
+) -> Iterator[dict[str, str]]:
+    from django.db import connection
+
+    yield stack_env(database_name=connection.settings_dict["NAME"], model_url=scripted_model.url)
+    # Connections left by child processes or by async ORM threads would block dropping the test database.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+class Stack:
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.workers: list[Proc] = []
+        self.daphne, self.port = start_daphne(env, log_dir)
+
+    def start_worker(self, **kwargs: Any) -> Proc:
+        worker = start_worker(self.env, self.log_dir, **kwargs)
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.daphne]:
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
+    """daphne plus one worker, shared by the end-to-end tests that do not kill processes."""
+    stack = Stack(stack_environment, log_dir)
+    stack.start_worker()
+    yield stack
+    stack.stop()

@@ -1,0 +1,213 @@
+"""Helpers for tests that run the real stack: processes, a WebSocket chat client, bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import websockets
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@dataclass
+class Proc:
+    """A child process whose output goes to a log file, killed (whole group) at the end."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.popen = subprocess.Popen(
+            self.args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(10)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        self.kill(signal.SIGKILL)
+
+
+def stack_env(*, database_name: str, model_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        THINK_TEST_DATABASE_NAME=database_name,
+        SCRIPTED_MODEL_URL=model_url,
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def start_worker(env: dict[str, str], log_dir: Path, *, name: str = "worker", pool: str = "threads") -> Proc:
+    args = [
+        str(BIN / "celery"),
+        "-A",
+        "thinkproject",
+        "worker",
+        "--pool",
+        pool,
+        "--concurrency",
+        "8",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-l",
+        "info",
+        "-n",
+        f"{name}-{uuid.uuid4().hex[:6]}@%h",
+    ]
+    proc = Proc(name, args, env, log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log").start()
+    wait_until(lambda: " ready." in proc.log() or proc.popen.poll() is not None, 60, f"{name} to start")  # type: ignore[union-attr]
+    assert proc.popen is not None and proc.popen.poll() is None, proc.log()
+    return proc
+
+
+def start_daphne(env: dict[str, str], log_dir: Path) -> tuple[Proc, int]:
+    port = free_port()
+    args = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "thinkproject.asgi:application"]
+    proc = Proc("daphne", args, env, log_dir / f"daphne-{port}.log").start()
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(listening, 30, "daphne to listen")
+    return proc, port
+
+
+def chat_request(request_id: str, messages: list[dict[str, Any]], **extra: Any) -> str:
+    body = {"messages": messages, "trigger": "submit-message", **extra}
+    return json.dumps(
+        {
+            "type": "cf_agent_use_chat_request",
+            "id": request_id,
+            "init": {"method": "POST", "body": json.dumps(body)},
+        }
+    )
+
+
+def user_message(text: str, message_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": message_id or f"u-{uuid.uuid4().hex[:8]}",
+        "role": "user",
+        "parts": [{"type": "text", "text": text}],
+    }
+
+
+@dataclass
+class StreamLog:
+    """What one client saw of one request's stream."""
+
+    chunks: list[tuple[int | None, dict[str, Any]]] = field(default_factory=list)
+    done: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(c.get("delta", "") for _, c in self.chunks if c.get("type") == "text-delta")
+
+    @property
+    def seqs(self) -> list[int | None]:
+        return [s for s, _ in self.chunks]
+
+
+class ChatClient:
+    """A bare WebSocket client speaking the cf_agent protocol, recording every frame."""
+
+    def __init__(self, port: int, name: str, agent: str = "assistant") -> None:
+        self.url = f"ws://127.0.0.1:{port}/agents/{agent}/{name}?_pk={uuid.uuid4()}"
+        self.origin = f"http://127.0.0.1:{port}"
+        self.ws: Any = None
+        self.frames: list[dict[str, Any]] = []
+
+    async def __aenter__(self) -> ChatClient:
+        self.ws = await websockets.connect(self.url, origin=self.origin, max_size=None)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ws.close()
+
+    async def send(self, frame: str | dict[str, Any]) -> None:
+        await self.ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def recv(self, timeout: float = 10) -> dict[str, Any]:
+        frame = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.frames.append(frame)
+        return frame
+
+    async def recv_type(self, frame_type: str, timeout: float = 10) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await self.recv(max(0.01, deadline - time.monotonic()))
+            if frame.get("type") == frame_type:
+                return frame
+
+    async def follow(
+        self,
+        request_id: str,
+        log: StreamLog | None = None,
+        *,
+        timeout: float = 30,
+        stop_after: int | None = None,
+    ) -> StreamLog:
+        """Collect response frames of one request until done (or until stop_after chunks)."""
+        log = log or StreamLog()
+        deadline = time.monotonic() + timeout
+        while log.done is None:
+            if stop_after is not None and len(log.chunks) >= stop_after:
+                return log
+            frame = await self.recv(max(0.01, deadline - time.monotonic()))
+            if frame.get("type") != "cf_agent_use_chat_response" or frame.get("id") != request_id:
+                continue
+            if frame.get("error"):
+                log.errors.append(frame["body"])
+            elif frame.get("body"):
+                log.chunks.append((frame.get("seq"), json.loads(frame["body"])))
+            if frame.get("done"):
+                log.done = frame
+        return log

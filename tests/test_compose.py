@@ -1,0 +1,72 @@
+"""docker-compose.yml cannot run here (no Docker engine), so its structure is checked instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+def procfile() -> dict[str, str]:
+    entries = (line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line.strip())
+    return {name.strip(): command.strip() for name, command in entries}
+
+
+def test_has_every_service(compose: dict[str, Any]) -> None:
+    assert {"postgres", "redis", "migrate", "web", "worker", "beat", "model"} <= set(compose["services"])
+
+
+@pytest.mark.parametrize("service", ["postgres", "redis", "redis-channels", "web", "worker", "model"])
+def test_long_running_services_have_health_checks(compose: dict[str, Any], service: str) -> None:
+    check = compose["services"][service]["healthcheck"]
+    assert check["test"] and check["interval"] and check["retries"] > 0
+
+
+@pytest.mark.parametrize("service", ["web", "worker", "beat"])
+def test_app_services_wait_for_healthy_dependencies_and_migrations(
+    compose: dict[str, Any], service: str
+) -> None:
+    depends = compose["services"][service]["depends_on"]
+    assert depends["postgres"]["condition"] == "service_healthy"
+    assert depends["redis"]["condition"] == "service_healthy"
+    assert depends["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_app_services_share_the_environment(compose: dict[str, Any]) -> None:
+    for service in ("migrate", "web", "worker", "beat", "model"):
+        env = compose["services"][service]["environment"]
+        assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+        assert env["DATABASE_URL"].startswith("postgres://")
+        assert env["SCRIPTED_MODEL_URL"] == "http://model:8765/v1"
+
+
+def test_broker_redis_never_evicts_and_persists(compose: dict[str, Any]) -> None:
+    command = compose["services"]["redis"]["command"]
+    assert "--maxmemory-policy noeviction" in command and "--appendonly yes" in command
+
+
+def test_web_health_check_uses_the_health_endpoint(compose: dict[str, Any]) -> None:
+    assert "/healthz" in " ".join(compose["services"]["web"]["healthcheck"]["test"])
+
+
+def test_compose_runs_what_the_procfile_runs(compose: dict[str, Any]) -> None:
+    """The same worker pool and daphne flags in development and in containers."""
+    processes = procfile()
+    assert set(processes) == {"web", "worker", "beat", "model"}
+    worker = compose["services"]["worker"]["command"]
+    assert "--pool threads" in worker and "--pool threads" in processes["worker"]
+    for flag in ("--websocket_timeout 86400", "--ping-interval 20", "thinkproject.asgi:application"):
+        assert flag in compose["services"]["web"]["command"] and flag in processes["web"]
+
+
+def test_single_beat(compose: dict[str, Any]) -> None:
+    assert compose["services"]["beat"].get("deploy", {}).get("replicas", 1) == 1

@@ -1,0 +1,440 @@
+"""The scripted OpenAI-compatible model server, exercised through litellm's real OpenAI code path.
+
+No database is needed: the server runs in a background thread (ScriptedModelServer).
+"""
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+import aiohttp  # noqa: E402
+import litellm  # noqa: E402
+import pytest  # noqa: E402
+from litellm.exceptions import MidStreamFallbackError  # noqa: E402
+
+from thinkproject.scripted_model import (  # noqa: E402
+    DEFAULT_TOKEN_RATE,
+    FIXED_REPLY,
+    OVERFLOW_MESSAGE,
+    STATE_KEY,
+    ScriptedModelServer,
+    build_app,
+)
+
+litellm.suppress_debug_info = True
+
+TIMEOUT = 10.0  # bound on every wait that is expected to succeed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer(token_rate=0) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def slow_server() -> Iterator[ScriptedModelServer]:
+    """Paced at one chunk per 5 s unless a request overrides it."""
+    with ScriptedModelServer(token_rate=0.2) as srv:
+        yield srv
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+@dataclass
+class Streamed:
+    deltas: list[str] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    tool_calls: list[Any] = field(default_factory=list)
+    usage: Any = None
+
+
+async def open_stream(server: ScriptedModelServer, messages: list[dict[str, Any]]) -> Any:
+    call = litellm.acompletion(
+        model="openai/scripted",
+        api_base=server.url,
+        api_key="sk-scripted",
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        num_retries=0,
+    )
+    return await asyncio.wait_for(call, TIMEOUT)
+
+
+def record(chunk: Any, into: Streamed) -> None:
+    if getattr(chunk, "usage", None) is not None:
+        into.usage = chunk.usage
+    for choice in chunk.choices:
+        if choice.delta.content:
+            into.deltas.append(choice.delta.content)
+        into.tool_calls.extend(choice.delta.tool_calls or [])
+        if choice.finish_reason:
+            into.finish_reasons.append(choice.finish_reason)
+
+
+async def stream(
+    server: ScriptedModelServer, messages: list[dict[str, Any]], into: Streamed | None = None
+) -> Streamed:
+    """Run a streamed completion to its end; chunks land in ``into`` (if given) as they arrive."""
+    result = into if into is not None else Streamed()
+    response = await open_stream(server, messages)
+
+    async def drain() -> None:
+        async for chunk in response:
+            record(chunk, result)
+
+    await asyncio.wait_for(drain(), TIMEOUT)
+    return result
+
+
+async def complete(server: ScriptedModelServer, messages: list[dict[str, Any]]) -> Any:
+    call = litellm.acompletion(
+        model="openai/scripted", api_base=server.url, api_key="sk-scripted", messages=messages, num_retries=0
+    )
+    return await asyncio.wait_for(call, TIMEOUT)
+
+
+async def wait_until_idle(server: ScriptedModelServer) -> None:
+    async def poll() -> None:
+        while server.in_flight:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), TIMEOUT)
+
+
+async def raw_post(server: ScriptedModelServer, body: Any) -> tuple[int, str]:
+    data = body if isinstance(body, str) else json.dumps(body)
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        headers = {"Content-Type": "application/json"}
+        async with session.post(f"{server.url}/chat/completions", data=data, headers=headers) as resp:
+            return resp.status, await resp.text()
+
+
+def sse_payloads(text: str) -> list[str]:
+    events = [event for event in text.split("\n\n") if event]
+    assert all(event.startswith("data: ") for event in events), events
+    return [event.removeprefix("data: ") for event in events]
+
+
+# --- counting and text replies through litellm ---------------------------------------------------
+
+
+async def test_count_to_five_streams_one_number_per_chunk_with_usage(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user("Please count to 5.")])
+
+    assert result.deltas == ["1", " 2", " 3", " 4", " 5"]
+    assert result.finish_reasons == ["stop"]
+    assert result.usage.prompt_tokens > 0
+    assert result.usage.completion_tokens == 5
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 5
+
+
+async def test_count_accepts_openai_content_parts(server: ScriptedModelServer) -> None:
+    parts = [{"type": "text", "text": "COUNT TO"}, {"type": "text", "text": " 3"}]
+    result = await stream(server, [{"role": "user", "content": parts}])
+
+    assert result.deltas == ["1", " 2", " 3"]
+
+
+async def test_non_streaming_count(server: ScriptedModelServer) -> None:
+    response = await complete(server, [{"role": "system", "content": "Be brief."}, user("count to 4")])
+
+    assert response.choices[0].message.content == "1 2 3 4"
+    assert response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens == 4
+    assert response.usage.prompt_tokens > 0
+
+
+async def test_fixed_reply_is_streamed_word_by_word(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user("Hi there")])
+
+    assert "".join(result.deltas) == FIXED_REPLY
+    assert len(result.deltas) == len(FIXED_REPLY.split())
+    assert result.deltas[0] == "Hello!"
+    assert all(delta.startswith(" ") for delta in result.deltas[1:])
+    assert result.usage.completion_tokens == len(result.deltas)
+
+
+# --- continuations -------------------------------------------------------------------------------
+
+
+async def test_continuation_after_assistant_message(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user("count to 6"), assistant("1 2 3")])
+
+    assert result.deltas == [" 4", " 5", " 6"]
+    assert result.finish_reasons == ["stop"]
+    assert server.requests[-1]["messages"][-1] == assistant("1 2 3")
+
+
+async def test_continuation_with_continue_prompt(server: ScriptedModelServer) -> None:
+    messages = [
+        user("count to 6"),
+        assistant("1 2 3 4"),
+        user("Continue your previous response exactly where it stopped, without repeating anything."),
+    ]
+    result = await stream(server, messages)
+
+    assert result.deltas == [" 5", " 6"]
+
+
+async def test_continuation_already_at_n_only_stops(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user("count to 3"), assistant("1 2 3")])
+
+    assert result.deltas == []
+    assert result.finish_reasons == ["stop"]
+    assert result.usage.completion_tokens == 0
+
+
+async def test_continuation_of_fixed_reply_skips_words_already_sent(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user("Hi"), assistant("Hello! I am")])
+
+    assert result.deltas[0] == " the"
+    assert "Hello! I am" + "".join(result.deltas) == FIXED_REPLY
+
+
+@pytest.mark.parametrize("directive", ["[stall after 1]", "[fail after 0 with 500]", "[overflow]"])
+async def test_continuation_does_not_reapply_one_shot_faults(
+    server: ScriptedModelServer, directive: str
+) -> None:
+    result = await stream(server, [user(f"count to 4 {directive}"), assistant("1 2")])
+
+    assert result.deltas == [" 3", " 4"]
+    assert result.finish_reasons == ["stop"]
+
+
+async def test_stall_always_applies_to_each_continuation(server: ScriptedModelServer) -> None:
+    response = await open_stream(server, [user("count to 6 [stall after 2 always]"), assistant("1 2")])
+    result = Streamed()
+    try:
+        while len(result.deltas) < 2:
+            record(await asyncio.wait_for(anext(response), TIMEOUT), result)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(response), 1.0)
+    finally:
+        await asyncio.wait_for(response.aclose(), TIMEOUT)
+
+    assert result.deltas == [" 3", " 4"]
+    await wait_until_idle(server)
+
+
+# --- faults --------------------------------------------------------------------------------------
+
+
+async def test_fail_before_first_chunk_with_429_raises_rate_limit_error(server: ScriptedModelServer) -> None:
+    with pytest.raises(litellm.RateLimitError):
+        await stream(server, [user("count to 5 [fail after 0 with 429]")])
+
+
+async def test_fail_before_first_chunk_with_500_raises_internal_server_error(
+    server: ScriptedModelServer,
+) -> None:
+    with pytest.raises(litellm.InternalServerError, match="HTTP 500"):
+        await stream(server, [user("count to 5 [fail after 0 with 500]")])
+
+
+async def test_overflow_raises_context_window_exceeded(server: ScriptedModelServer) -> None:
+    with pytest.raises(litellm.ContextWindowExceededError):
+        await stream(server, [user("count to 5 [overflow]")])
+
+
+async def test_stall_after_two_chunks_keeps_the_stream_open(server: ScriptedModelServer) -> None:
+    response = await open_stream(server, [user("count to 10 [stall after 2]")])
+    result = Streamed()
+    try:
+        while len(result.deltas) < 2:
+            record(await asyncio.wait_for(anext(response), TIMEOUT), result)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(response), 1.0)
+        assert server.in_flight == 1
+    finally:
+        await asyncio.wait_for(response.aclose(), TIMEOUT)
+
+    assert result.deltas == ["1", " 2"]
+    assert result.finish_reasons == []
+    await wait_until_idle(server)  # the stalled handler ends once the client has gone
+
+
+async def test_mid_stream_failure_yields_chunks_then_raises(server: ScriptedModelServer) -> None:
+    result = Streamed()
+    with pytest.raises(MidStreamFallbackError, match="Scripted failure after 3 chunks"):
+        await stream(server, [user("count to 10 [fail after 3 with 500]")], into=result)
+
+    assert result.deltas == ["1", " 2", " 3"]
+    assert result.finish_reasons == []
+
+
+# --- tools ---------------------------------------------------------------------------------------
+
+
+async def test_tool_directive_streams_a_tool_call(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user('Look it up. [tool lookup {"q": "x"}]')])
+
+    assert result.deltas == []
+    assert result.finish_reasons == ["tool_calls"]
+    first = result.tool_calls[0]
+    assert first.id.startswith("call_")
+    assert first.function.name == "lookup"
+    arguments = "".join(call.function.arguments or "" for call in result.tool_calls)
+    assert json.loads(arguments) == {"q": "x"}
+    assert len([call for call in result.tool_calls if call.function.arguments]) >= 2
+    assert all(call.index == 0 for call in result.tool_calls)
+
+
+async def test_tool_call_non_streaming(server: ScriptedModelServer) -> None:
+    response = await complete(server, [user('[tool lookup {"q": "x"}]')])
+
+    call = response.choices[0].message.tool_calls[0]
+    assert response.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "lookup"
+    assert json.loads(call.function.arguments) == {"q": "x"}
+
+
+async def test_tool_result_follow_up_returns_text(server: ScriptedModelServer) -> None:
+    prompt = user('[tool lookup {"q": "x"}]')
+    first = await stream(server, [prompt])
+    call = first.tool_calls[0]
+    arguments = "".join(c.function.arguments or "" for c in first.tool_calls)
+    call_message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": "lookup", "arguments": arguments}}
+        ],
+    }
+    tool_message = {"role": "tool", "tool_call_id": call.id, "content": "x is 42"}
+
+    result = await stream(server, [prompt, call_message, tool_message])
+
+    assert "".join(result.deltas) == "Tool lookup returned: x is 42"
+    assert result.deltas[0] == "Tool"
+    assert result.finish_reasons == ["stop"]
+
+
+# --- pacing --------------------------------------------------------------------------------------
+
+
+async def test_rate_directive_overrides_slow_server_pacing(slow_server: ScriptedModelServer) -> None:
+    # Paced at 0.2 chunks/s these 50 chunks would take minutes; [rate 0] streams them unpaced.
+    result = await stream(slow_server, [user("count to 50 [rate 0]")])
+
+    assert result.deltas == ["1"] + [f" {i}" for i in range(2, 51)]
+    assert result.usage.completion_tokens == 50
+
+
+def test_token_rate_comes_from_argument_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCRIPTED_MODEL_TOKEN_RATE", "7.5")
+    assert build_app()[STATE_KEY].token_rate == 7.5
+    assert build_app(token_rate=0)[STATE_KEY].token_rate == 0.0
+    monkeypatch.setenv("SCRIPTED_MODEL_TOKEN_RATE", "not-a-number")
+    assert build_app()[STATE_KEY].token_rate == DEFAULT_TOKEN_RATE
+    monkeypatch.delenv("SCRIPTED_MODEL_TOKEN_RATE")
+    assert build_app()[STATE_KEY].token_rate == DEFAULT_TOKEN_RATE == 20.0
+
+
+# --- wire format ---------------------------------------------------------------------------------
+
+
+async def test_sse_wire_format_matches_openai(server: ScriptedModelServer) -> None:
+    messages = [user("count to 3")]
+    body = {
+        "model": "scripted",
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    status, text = await raw_post(server, body)
+
+    assert status == 200
+    payloads = sse_payloads(text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert {c["model"] for c in chunks} == {"scripted"}
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    contents = [c["choices"][0]["delta"].get("content") for c in chunks[1:4]]
+    assert contents == ["1", " 2", " 3"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:4])
+    assert chunks[4]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop"}
+    assert chunks[5]["choices"] == []
+    prompt_tokens = math.ceil(len("count to 3") / 4) + 4
+    assert chunks[5]["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 3,
+        "total_tokens": prompt_tokens + 3,
+    }
+    assert len(chunks) == 6
+
+
+async def test_mid_stream_error_line_ends_stream_without_done(server: ScriptedModelServer) -> None:
+    status, text = await raw_post(
+        server, {"messages": [user("count to 9 [fail after 2 with 503]")], "stream": True}
+    )
+
+    assert status == 200
+    payloads = sse_payloads(text)
+    assert "[DONE]" not in payloads
+    error = json.loads(payloads[-1])["error"]
+    assert error["type"] == "server_error"
+    assert error["code"] == 503
+    assert [json.loads(p)["choices"][0]["delta"].get("content") for p in payloads[1:-1]] == ["1", " 2"]
+
+
+async def test_error_bodies_have_openai_shape(server: ScriptedModelServer) -> None:
+    status, text = await raw_post(server, {"messages": [user("[fail after 0 with 429]")], "stream": True})
+    assert status == 429
+    error = json.loads(text)["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+
+    status, text = await raw_post(server, {"messages": [user("[overflow]")]})
+    assert status == 400
+    assert json.loads(text)["error"] == {
+        "message": OVERFLOW_MESSAGE,
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    assert "maximum context length is 128000 tokens" in OVERFLOW_MESSAGE
+
+
+@pytest.mark.parametrize(
+    "body", ["{not json", json.dumps({"messages": []}), json.dumps({"messages": [user('[tool f {"a": ]')]})]
+)
+async def test_bad_requests_get_400_with_error_body(server: ScriptedModelServer, body: str) -> None:
+    status, text = await raw_post(server, body)
+
+    assert status == 400
+    error = json.loads(text)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
+
+
+async def test_models_and_healthz(server: ScriptedModelServer) -> None:
+    base = server.url.removesuffix("/v1")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
+        async with session.get(f"{server.url}/models") as resp:
+            assert resp.status == 200
+            models = await resp.json()
+        async with session.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+            assert await resp.text() == "ok"
+
+    assert [m["id"] for m in models["data"]] == ["scripted"]
+    assert models["object"] == "list"

@@ -1,0 +1,548 @@
+"""A deterministic, scriptable OpenAI-compatible chat model server.
+
+It is the offline default model of the demo and the model of the test suite, reached through litellm's
+real OpenAI code path (model ``"openai/scripted"``, ``api_base`` = this server's ``/v1`` URL).
+
+Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``, ``GET /healthz``.
+The reply is driven by the *prompt*: the last user message of the request that is not a continuation
+prompt. Directives in it (case-insensitive, anywhere in the text, combinable):
+
+* ``count to N`` -- reply ``1 2 ... N``, one number per chunk (``"1"``, ``" 2"``, ...).
+* ``[rate R]`` -- pace this reply at R chunks per second (``R <= 0``: as fast as possible).
+* ``[stall after K]`` -- after K content chunks stop sending but keep the connection open until the
+  client goes away (the response never ends). ``K=0`` stalls right after the role chunk.
+* ``[fail after K with STATUS]`` -- ``K=0``: answer with HTTP STATUS and an OpenAI error body (429 is a
+  ``rate_limit_error``, 5xx a ``server_error``). ``K>0``: stream K chunks, then an SSE ``data:`` line
+  holding ``{"error": {...}}`` and end the stream without ``[DONE]``. Non-streaming requests get the
+  HTTP error whenever the fault is reached.
+* ``[overflow]`` -- HTTP 400 with OpenAI's ``context_length_exceeded`` body.
+* ``[tool NAME {json}]`` -- answer with a call of tool NAME with these JSON arguments (``{}`` if omitted),
+  finish reason ``tool_calls``. Once a ``role: "tool"`` message follows the prompt, the reply is instead
+  the text ``Tool NAME returned: <tool message content>``.
+* anything else -- the fixed reply ``Hello! I am the scripted model. Ask me to count to N.``
+Text replies are streamed word by word (every chunk but the first carries its leading space). A fault
+fires once K content chunks were sent; a reply with fewer than K chunks completes normally.
+
+Continuations: a request is a continuation when its last message is an assistant message, or a user
+message starting with ``Continue your previous response`` right after an assistant message. The reply
+then resumes where the assistant messages following the prompt (and following the last tool result, if
+any) left off: ``count to N`` carries on from the last integer found in them + 1 (``" 18"``, ...; nothing
+but the stop chunk if already at N); text replies skip the words already sent.
+
+Any request with messages after the prompt (a continuation or a tool-result follow-up) does NOT re-apply
+``[stall ...]``, ``[fail ...]`` or ``[overflow]``, unless the directive ends with ``always``:
+``[stall after K always]`` stalls every continuation after K *more* chunks, and likewise
+``[fail after K with STATUS always]`` and ``[overflow always]``.
+
+Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
+``completion_tokens`` = number of content chunks. The usage chunk (``choices: []``) is sent when the
+request asks for ``stream_options.include_usage``. Error responses carry ``x-should-retry: false`` so
+the OpenAI SDK does not retry them itself: retries are the caller's business.
+
+Pacing: ``SCRIPTED_MODEL_TOKEN_RATE`` chunks per second (default 20; ``<= 0``: no pacing), overridden by
+``build_app(token_rate=...)`` and by ``[rate R]``.
+Run: ``python -m thinkproject.scripted_model --host 127.0.0.1 --port 8765`` (defaults from
+``SCRIPTED_MODEL_HOST`` / ``SCRIPTED_MODEL_PORT``). In tests use :class:`ScriptedModelServer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("thinkproject.scripted_model")
+
+MODEL_NAME = "scripted"
+FIXED_REPLY = "Hello! I am the scripted model. Ask me to count to N."
+CONTINUE_PREFIX = "Continue your previous response"
+DEFAULT_TOKEN_RATE = 20.0
+OVERFLOW_MESSAGE = (
+    "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 "
+    "tokens. Please reduce the length of the messages."
+)
+
+Json = dict[str, Any]
+
+_COUNT_RE = re.compile(r"\bcount to\s+(\d+)", re.IGNORECASE)
+_RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
+_STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always)?\s*\]", re.IGNORECASE)
+_FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always)?\s*\]", re.IGNORECASE)
+_OVERFLOW_RE = re.compile(r"\[overflow(\s+always)?\s*\]", re.IGNORECASE)
+_TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
+_INT_RE = re.compile(r"\d+")
+_WORD_RE = re.compile(r"\s*\S+")
+
+
+@dataclass
+class ServerState:
+    """Mutable state of one app: its pacing and what it has seen (read by tests)."""
+
+    token_rate: float
+    requests: list[Json] = field(default_factory=list)
+    in_flight: int = 0
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+STATE_KEY = web.AppKey("scripted_model_state", ServerState)
+
+
+class BadRequestError(ValueError):
+    """The request or a directive in its prompt cannot be understood (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    after: int
+    always: bool
+    status: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"after {self.after}" + (f" with {self.status}" if self.status else "") + " always" * self.always
+        )
+
+
+@dataclass(frozen=True)
+class Directives:
+    count_to: int | None = None
+    rate: float | None = None
+    stall: Fault | None = None
+    fail: Fault | None = None
+    overflow: Fault | None = None
+    tool_name: str | None = None
+    tool_arguments: str = "{}"
+
+    def summary(self) -> str:
+        items = vars(self).items()
+        return ", ".join(f"{k}={v}" for k, v in items if v is not None and v != "{}") or "none"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to answer: content deltas (text or tool-call pieces) plus the faults that apply."""
+
+    deltas: list[Json]
+    finish_reason: str
+    directives: Directives
+    follow_up: bool
+
+    def active(self, fault: Fault | None) -> Fault | None:
+        return fault if fault is not None and (fault.always or not self.follow_up) else None
+
+    def fires(self, fault: Fault | None, sent: int) -> bool:
+        fault = self.active(fault)
+        return fault is not None and fault.after == sent
+
+
+def message_text(message: Json) -> str:
+    """The text of a message whose content is a string, a list of content parts or null."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def parse_directives(text: str) -> Directives:
+    """The directives of a prompt (see the module docstring)."""
+    count, rate, stall = _COUNT_RE.search(text), _RATE_RE.search(text), _STALL_RE.search(text)
+    fail, overflow = _FAIL_RE.search(text), _OVERFLOW_RE.search(text)
+    return Directives(
+        int(count.group(1)) if count else None,
+        float(rate.group(1)) if rate else None,
+        Fault(int(stall.group(1)), bool(stall.group(2))) if stall else None,
+        Fault(int(fail.group(1)), bool(fail.group(3)), int(fail.group(2))) if fail else None,
+        Fault(0, bool(overflow.group(1))) if overflow else None,
+        *_parse_tool(text),
+    )
+
+
+def _parse_tool(text: str) -> tuple[str | None, str]:
+    match = _TOOL_RE.search(text)
+    if match is None:
+        return None, "{}"
+    arguments: Any = {}
+    end = match.end()
+    if text[end : end + 1] == "{":
+        try:
+            arguments, end = json.JSONDecoder().raw_decode(text, end)
+        except json.JSONDecodeError as exc:
+            raise BadRequestError(f"[tool {match.group(1)}]: arguments are not valid JSON: {exc}") from exc
+    if not re.match(r"\s*\]", text[end:]):
+        raise BadRequestError(f"[tool {match.group(1)}]: expected ']' after the arguments")
+    return match.group(1), json.dumps(arguments)
+
+
+def _prompt_index(messages: list[Json]) -> int:
+    """Index of the last user message that is not a continuation prompt (-1 if none)."""
+    for i in range(len(messages) - 1, -1, -1):
+        text = message_text(messages[i]).lstrip().lower()
+        resumes = (
+            i > 0 and messages[i - 1].get("role") == "assistant" and text.startswith(CONTINUE_PREFIX.lower())
+        )
+        if messages[i].get("role") == "user" and not resumes:
+            return i
+    return -1
+
+
+def _tool_name(messages: list[Json], tool_message: Json, default: str | None) -> str:
+    call_id = tool_message.get("tool_call_id")
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id") == call_id:
+                return str(call.get("function", {}).get("name") or default or "tool")
+    return default or str(tool_message.get("name") or "tool")
+
+
+def _resume_words(text: str, prior: str) -> list[str]:
+    words = _WORD_RE.findall(text)[len(prior.split()) :]
+    if prior and words:
+        words[0] = " " + words[0].lstrip()
+    return words
+
+
+def _count_pieces(n: int, prior: str) -> list[str]:
+    numbers = _INT_RE.findall(prior)
+    start = int(numbers[-1]) + 1 if numbers else 1
+    return [str(i) if i == 1 and not prior.strip() else f" {i}" for i in range(start, n + 1)]
+
+
+def _tool_call_deltas(name: str, arguments: str) -> list[Json]:
+    call_id = "call_" + hashlib.sha256(f"{name}:{arguments}".encode()).hexdigest()[:24]
+    first = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+    n = 3 if len(arguments) >= 6 else min(len(arguments), 2)
+    bounds = [round(i * len(arguments) / n) for i in range(n + 1)] if n else [0]
+    pieces = [arguments[a:b] for a, b in itertools.pairwise(bounds)]
+    return [{"tool_calls": [first]}] + [
+        {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces
+    ]
+
+
+def plan_reply(messages: list[Json]) -> Plan:
+    """Decide the reply to a request from its messages (see the module docstring)."""
+    prompt = _prompt_index(messages)
+    directives = parse_directives(message_text(messages[prompt]) if prompt >= 0 else "")
+    tools = [i for i in range(prompt + 1, len(messages)) if messages[i].get("role") == "tool"]
+    start = tools[-1] if tools else prompt
+    prior = "".join(message_text(m) for m in messages[start + 1 :] if m.get("role") == "assistant")
+    follow_up = prompt != len(messages) - 1
+    if tools:
+        name = _tool_name(messages, messages[tools[-1]], directives.tool_name)
+        text = f"Tool {name} returned: {message_text(messages[tools[-1]])}"
+        deltas = [{"content": w} for w in _resume_words(text, prior)]
+    elif directives.tool_name is not None:
+        deltas = _tool_call_deltas(directives.tool_name, directives.tool_arguments)
+        return Plan(deltas, "tool_calls", directives, follow_up)
+    elif directives.count_to is not None:
+        deltas = [{"content": p} for p in _count_pieces(directives.count_to, prior)]
+    else:
+        deltas = [{"content": w} for w in _resume_words(FIXED_REPLY, prior)]
+    return Plan(deltas, "stop", directives, follow_up)
+
+
+def count_prompt_tokens(messages: list[Json]) -> int:
+    chars = 0
+    for message in messages:
+        chars += len(message_text(message))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    return math.ceil(chars / 4) + 4 * len(messages)
+
+
+def error_body(message: str, error_type: str, code: str | int | None, param: str | None = None) -> Json:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def _error_response(status: int, body: Json | None = None) -> web.Response:
+    """An error response; without ``body``, a standard one for ``status``."""
+    if body is None and status == 429:
+        body = error_body("Rate limit reached for scripted model.", "rate_limit_error", "rate_limit_exceeded")
+    elif body is None:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        body = error_body(f"The scripted model failed with HTTP {status}.", kind, status)
+    return web.json_response(body, status=status, headers={"x-should-retry": "false"})
+
+
+@dataclass
+class _Reply:
+    """Per-response constants for building chunks."""
+
+    id: str
+    model: str
+    created: int
+    prompt_tokens: int
+    rate: float
+    include_usage: bool
+
+    def chunk(self, delta: Json, finish_reason: str | None = None) -> Json:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return self.envelope("chat.completion.chunk", choices=[choice])
+
+    def usage(self, completion_tokens: int) -> Json:
+        p, n = self.prompt_tokens, completion_tokens
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+
+    def envelope(self, kind: str, **fields: Any) -> Json:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, **fields}
+
+
+async def _send(response: web.StreamResponse, payload: Json) -> None:
+    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+
+async def _wait_for_disconnect(request: web.Request) -> None:
+    """Keep the response open without sending until the client leaves or the server shuts down."""
+    closing = request.app[STATE_KEY].closing
+    while request.transport is not None and not request.transport.is_closing() and not closing.is_set():
+        try:
+            await asyncio.wait_for(closing.wait(), timeout=0.1)
+        except TimeoutError:
+            pass
+
+
+async def _fault(request: web.Request, response: web.StreamResponse, plan: Plan, sent: int) -> bool:
+    """Stall or fail the stream if a fault is due after ``sent`` chunks; True if the response is over."""
+    if plan.fires(plan.directives.stall, sent):
+        log.info("%s %s: stalling after %d chunks", request.method, request.path, sent)
+        await _wait_for_disconnect(request)
+        log.info("%s %s: stalled response released", request.method, request.path)
+        return True
+    fail = plan.active(plan.directives.fail)
+    if fail is None or fail.after != sent:
+        return False
+    await _send(response, error_body(f"Scripted failure after {sent} chunks.", "server_error", fail.status))
+    await response.write_eof()
+    return True
+
+
+async def _stream(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    first: Json = {"role": "assistant", "content": "" if plan.finish_reason == "stop" else None}
+    await _send(response, reply.chunk(first))
+    for sent in range(len(plan.deltas) + 1):
+        if await _fault(request, response, plan, sent):
+            return response
+        if sent == len(plan.deltas):
+            break
+        if reply.rate > 0:
+            await asyncio.sleep(1 / reply.rate)
+        await _send(response, reply.chunk(plan.deltas[sent]))
+    await _send(response, reply.chunk({}, plan.finish_reason))
+    if reply.include_usage:
+        await _send(response, reply.envelope("chat.completion.chunk", choices=[], usage=reply.usage(sent)))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _final_message(plan: Plan) -> Json:
+    """The non-streaming message equivalent to the plan's deltas."""
+    if plan.finish_reason != "tool_calls":
+        return {"role": "assistant", "content": "".join(d.get("content", "") for d in plan.deltas)}
+    first = plan.deltas[0]["tool_calls"][0]
+    arguments = "".join(d["tool_calls"][0]["function"]["arguments"] for d in plan.deltas[1:])
+    call = {"id": first["id"], "type": "function", "function": {"name": first["function"]["name"]}}
+    call["function"]["arguments"] = arguments
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+async def _complete(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
+    total = len(plan.deltas)
+    if any(plan.fires(plan.directives.stall, sent) for sent in range(total + 1)):
+        await _wait_for_disconnect(request)
+        return web.Response(status=499)
+    choice = {"index": 0, "message": _final_message(plan), "finish_reason": plan.finish_reason}
+    return web.json_response(reply.envelope("chat.completion", choices=[choice], usage=reply.usage(total)))
+
+
+async def _read_messages(request: web.Request) -> tuple[Json, list[Json]]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"Request body is not valid JSON: {exc}") from exc
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise BadRequestError("'messages' must be a non-empty list of message objects.")
+    return body, messages
+
+
+def _early_error(plan: Plan, stream: bool) -> web.Response | None:
+    """The HTTP error response due before any content, if any."""
+    if plan.active(plan.directives.overflow):
+        body = error_body(OVERFLOW_MESSAGE, "invalid_request_error", "context_length_exceeded", "messages")
+        return _error_response(400, body)
+    fail = plan.active(plan.directives.fail)
+    if fail is not None and (fail.after == 0 or not stream) and fail.after <= len(plan.deltas):
+        return _error_response(fail.status)
+    return None
+
+
+def _new_reply(request: web.Request, body: Json, messages: list[Json], plan: Plan) -> _Reply:
+    state = request.app[STATE_KEY]
+    rate = plan.directives.rate if plan.directives.rate is not None else state.token_rate
+    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    model = str(body.get("model") or MODEL_NAME)
+    prompt_tokens = count_prompt_tokens(messages)
+    return _Reply(f"chatcmpl-scripted-{next(state.ids)}", model, int(time.time()), prompt_tokens, rate, usage)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    try:
+        body, messages = await _read_messages(request)
+        plan = plan_reply(messages)
+    except BadRequestError as exc:
+        log.info("%s %s rejected: %s", request.method, request.path, exc)
+        return _error_response(400, error_body(str(exc), "invalid_request_error", None))
+    request.app[STATE_KEY].requests.append(body)
+    stream, summary = bool(body.get("stream")), plan.directives.summary()
+    log.info(
+        "%s %s stream=%s follow_up=%s directives: %s",
+        request.method,
+        request.path,
+        stream,
+        plan.follow_up,
+        summary,
+    )
+    early = _early_error(plan, stream)
+    if early is not None:
+        return early
+    reply = _new_reply(request, body, messages, plan)
+    request.app[STATE_KEY].in_flight += 1
+    try:
+        return await (_stream(request, plan, reply) if stream else _complete(request, plan, reply))
+    except ConnectionResetError:
+        log.info("%s %s: client went away", request.method, request.path)
+        return web.Response(status=499)
+    finally:
+        request.app[STATE_KEY].in_flight -= 1
+
+
+async def list_models(request: web.Request) -> web.Response:
+    log.info("%s %s", request.method, request.path)
+    model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "thinkproject"}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def _env_token_rate() -> float:
+    raw = os.environ.get("SCRIPTED_MODEL_TOKEN_RATE", "")
+    try:
+        return float(raw) if raw.strip() else DEFAULT_TOKEN_RATE
+    except ValueError:
+        log.warning("Ignoring invalid SCRIPTED_MODEL_TOKEN_RATE=%r", raw)
+        return DEFAULT_TOKEN_RATE
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    app[STATE_KEY].closing.set()
+
+
+def build_app(*, token_rate: float | None = None) -> web.Application:
+    """The scripted model app; ``token_rate`` (chunks/s, ``<= 0`` = unpaced) overrides the environment."""
+    app = web.Application()
+    app[STATE_KEY] = ServerState(_env_token_rate() if token_rate is None else float(token_rate))
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+class ScriptedModelServer:
+    """Runs the app on 127.0.0.1 on a free port, in a background thread with its own event loop."""
+
+    def __init__(self, *, token_rate: float | None = None, host: str = "127.0.0.1") -> None:
+        self.app = build_app(token_rate=token_rate)
+        self.host = host
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The OpenAI ``api_base``, e.g. ``http://127.0.0.1:PORT/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def requests(self) -> list[Json]:
+        """Bodies of the chat completion requests received so far, oldest first."""
+        return list(self.app[STATE_KEY].requests)
+
+    @property
+    def in_flight(self) -> int:
+        """Number of chat completion requests being answered right now (stalled ones included)."""
+        return self.app[STATE_KEY].in_flight
+
+    def start(self) -> ScriptedModelServer:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="scripted-model", daemon=True)
+        self._thread.start()
+        self._runner = asyncio.run_coroutine_threadsafe(self._setup(), self._loop).result(timeout=10)
+        return self
+
+    def stop(self) -> None:
+        loop, runner, thread = self._loop, self._runner, self._thread
+        if loop is None or thread is None:
+            return
+        if runner is not None:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+        self._loop, self._runner, self._thread = None, None, None
+
+    async def _setup(self) -> web.AppRunner:
+        runner = web.AppRunner(self.app, shutdown_timeout=1.0, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0)
+        await site.start()
+        self.port = int(runner.addresses[0][1])
+        return runner
+
+    def __enter__(self) -> ScriptedModelServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Deterministic scriptable OpenAI-compatible model server.")
+    parser.add_argument("--host", default=os.environ.get("SCRIPTED_MODEL_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("SCRIPTED_MODEL_PORT", "8765")))
+    parser.add_argument("--token-rate", type=float, default=None, help="chunks/s (default: env or 20)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(token_rate=args.token_rate)
+    log.info(
+        "scripted model on http://%s:%s/v1 (token rate %s/s)", args.host, args.port, app[STATE_KEY].token_rate
+    )
+    web.run_app(app, host=args.host, port=args.port, print=None, shutdown_timeout=1.0, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Settings of the thinkproject demo site, read from the environment.
+
+Every value has a local default so that `make run` works on a fresh machine with Postgres and Redis
+on localhost and no model provider key (the scripted model is used then).
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import django_stubs_ext
+
+django_stubs_ext.monkeypatch()
+
+# litellm reaches for the network at import unless this is set first.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """Turn postgres://user:password@host:port/name into a Django DATABASES entry."""
+    parsed = urlparse(url)
+    if parsed.scheme not in {"postgres", "postgresql"}:
+        raise ValueError(f"DATABASE_URL must be a postgres:// URL, got scheme {parsed.scheme!r}")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")) or "thinkproject",
+        "USER": unquote(parsed.username or "postgres"),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "127.0.0.1",
+        "PORT": str(parsed.port or 5432),
+        "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": True,
+    }
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-in-production")
+DEBUG = env_bool("DJANGO_DEBUG", True)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "chat.apps.ChatConfig",
+    "recovery.apps.RecoveryConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "thinkproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+ASGI_APPLICATION = "thinkproject.asgi.application"
+WSGI_APPLICATION = None
+
+DATABASES = {
+    "default": database_from_url(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/thinkproject")
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The channel layer and the broker should not share a Redis database (keys, eviction, FLUSHDB).
+CHANNELS_REDIS_URL = os.environ.get("CHANNELS_REDIS_URL", REDIS_URL.rsplit("/", 1)[0] + "/1")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            # redis-py 8 defaults socket_timeout to 5 s, the same as channels_redis's blocking-pop
+            # timeout, so idle receives would time out; give reads headroom.
+            "hosts": [{"address": CHANNELS_REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "prefix": os.environ.get("CHANNELS_PREFIX", "think"),
+            # Frames are batched, so 1000 group messages per consumer is minutes of backlog.
+            "capacity": 1000,
+            "expiry": 60,
+            "group_expiry": 86400,
+        },
+    }
+}
+
+# Celery: every turn is an acks_late task; durability comes from the fiber lease in Postgres.
+TURN_HARD_LIMIT_S = int(os.environ.get("THINK_TURN_HARD_LIMIT_S", "900"))
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = TURN_HARD_LIMIT_S
+CELERY_TASK_SOFT_TIME_LIMIT = TURN_HARD_LIMIT_S - 30
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # Longer than any turn, so the broker never redelivers a turn that is still running.
+    "visibility_timeout": 2 * TURN_HARD_LIMIT_S,
+    "unacked_restore_interval": 5,
+    "unacked_restore_throttle": 1,
+}
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE: dict[str, Any] = {}
+
+THINK: dict[str, Any] = {
+    "AGENTS": {"assistant": "chat.agents.Assistant"},
+}
+if os.environ.get("THINK_MODEL"):
+    THINK["MODEL"] = os.environ["THINK_MODEL"]
+if os.environ.get("SCRIPTED_MODEL_URL"):
+    THINK["SCRIPTED_MODEL_URL"] = os.environ["SCRIPTED_MODEL_URL"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "LiteLLM": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}
