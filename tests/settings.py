@@ -1,22 +1,28 @@
-"""Test settings: the demo settings on their own Redis databases, so tests never touch a running dev stack.
+"""Test settings: the demo settings, isolated per test run so runs never disturb each other or a dev stack.
 
-Processes started by the tests (worker, daphne) use these settings too, pointed at pytest's test
-database through THINK_TEST_DATABASE_NAME.
+Each pytest run gets a run id; its test database, Celery queue and channel-layer prefix carry it.
+Processes started by the tests (worker, daphne) inherit the run id through the environment and are
+pointed at pytest's test database through THINK_TEST_DATABASE_NAME.
 """
 
 import os
+import uuid
 
 from thinkproject.settings import *  # noqa: F403
 from thinkproject.settings import CHANNEL_LAYERS, DATABASES, REDIS_URL, THINK
 
+RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8])
+
 TEST_REDIS_BASE = os.environ.get("THINK_TEST_REDIS_URL", REDIS_URL.rsplit("/", 1)[0])
 CELERY_BROKER_URL = f"{TEST_REDIS_BASE}/14"
+CELERY_TASK_DEFAULT_QUEUE = f"thinktest-{RUN_ID}"
 CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"] = f"{TEST_REDIS_BASE}/15"
-CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "thinktest"
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"thinktest{RUN_ID}"
 
 if os.environ.get("THINK_TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["THINK_TEST_DATABASE_NAME"]
-    DATABASES["default"]["TEST"] = {"NAME": os.environ["THINK_TEST_DATABASE_NAME"]}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_thinkproject_{RUN_ID}"}
 
 THINK = {**THINK, "GROUP_PREFIX": "thinktest"}
 SECRET_KEY = "tests-only"
