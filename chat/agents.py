@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
-from typing import Any
+import time
+from typing import Any, ClassVar
 
 from django.utils.module_loading import import_string
 
+from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
+from recovery.incidents import ChatRecovery
+
 from .conf import default_model, think_setting
+from .folding import tool_name_of
+
+__all__ = [
+    "Assistant",
+    "ChatRecovery",
+    "ChatRecoveryContext",
+    "ChatRecoveryOptions",
+    "Think",
+    "UnknownAgent",
+    "agent_class",
+    "agent_for",
+    "kebab",
+]
 
 
 def kebab(name: str) -> str:
@@ -15,7 +33,9 @@ def kebab(name: str) -> str:
     if name.isupper():
         return name.lower().replace("_", "-")
     converted = re.sub(r"[A-Z]", lambda m: "-" + m.group(0).lower(), name)
-    return converted.lstrip("-").replace("_", "-").rstrip("-")
+    converted = converted[1:] if converted.startswith("-") else converted
+    converted = converted.replace("_", "-")
+    return converted[:-1] if converted.endswith("-") else converted
 
 
 class Think:
@@ -24,6 +44,21 @@ class Think:
     One instance is built per turn (and per recovery step) for one conversation, so instance state
     does not survive between turns: durable state belongs in the conversation's messages.
     """
+
+    #: Recovery budget and give-up behaviour (SPEC §1). Recovery cannot be switched off.
+    chat_recovery: ClassVar[ChatRecovery | bool | None] = True
+    #: Abort a stream silent for this long and recover it (0 = off).
+    chat_stream_stall_timeout_ms: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        stall = cls.chat_stream_stall_timeout_ms
+        if isinstance(stall, bool) or not isinstance(stall, int) or stall < 0:
+            raise ValueError(
+                f"{cls.__name__}.chat_stream_stall_timeout_ms must be an int >= 0 (0 = off), got {stall!r}"
+            )
+        if not isinstance(cls.chat_recovery, ChatRecovery | bool | None):
+            raise TypeError(f"{cls.__name__}.chat_recovery must be a ChatRecovery, got {cls.chat_recovery!r}")
 
     def __init__(self, *, agent: str, name: str, conversation_id: int | None = None) -> None:
         self.agent = agent
@@ -48,6 +83,89 @@ class Think:
                 f"{type(self).__name__}.get_model() must return a model string or a dict with 'model'"
             )
         return dict(model)
+
+    # -- recovery hooks ----------------------------------------------------------------------------
+    async def on_chat_recovery(self, ctx: ChatRecoveryContext) -> ChatRecoveryOptions | None:
+        """Decide what happens to an interrupted turn: keep the partial, continue or retry it."""
+        return ChatRecoveryOptions()
+
+    # -- the conversation, for user code and the recovery engine ------------------------------------
+    def _require_conversation(self) -> int:
+        if self.conversation_id is None:
+            raise RuntimeError(f"{type(self).__name__} is not bound to a conversation")
+        return self.conversation_id
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The stored transcript, as UIMessages."""
+        from .selectors import messages_list
+
+        return messages_list(conversation_id=self._require_conversation())
+
+    def has_pending_interaction(self) -> bool:
+        """True while a human must act: an approval is requested or a client tool awaits its result."""
+        from .models import Conversation
+
+        conversation_id = self._require_conversation()
+        tools = Conversation.objects.values_list("last_client_tools", flat=True).get(pk=conversation_id) or []
+        client_tools = {tool.get("name") for tool in tools if isinstance(tool, dict)}
+        for message in self.messages():
+            if message["role"] != "assistant":
+                continue
+            for part in message["parts"]:
+                state = part.get("state")
+                if state == "approval-requested":
+                    return True
+                if state == "input-available" and tool_name_of(part) in client_tools:
+                    return True
+        return False
+
+    def is_idle(self) -> bool:
+        """No turn of this conversation is queued or running."""
+        from recovery.models import Fiber
+
+        return not Fiber.objects.filter(conversation_id=self._require_conversation()).active().exists()
+
+    def wait_until_stable(self, timeout: float | None = None) -> bool:
+        """Wait until no turn runs and no human is pending; False when `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.is_idle() and not self.has_pending_interaction():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    async def await_stable(self, timeout: float | None = None) -> bool:
+        """wait_until_stable for async callers (the recovery engine)."""
+        from recovery.runtime import db
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if await db(self.is_idle) and not await db(self.has_pending_interaction):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    def continue_last_turn(
+        self,
+        body: dict[str, Any] | None = None,
+        *,
+        root_request_id: str | None = None,
+        incident_id: str | None = None,
+    ) -> Any:
+        """Start a durable turn that continues the last assistant message (skipped unless it is the leaf)."""
+        from recovery.models import Fiber
+
+        from .services import turn_start_recovered
+
+        return turn_start_recovered(
+            conversation_id=self._require_conversation(),
+            kind=Fiber.Kind.CONTINUE,
+            root_request_id=root_request_id or "",
+            incident_id=incident_id,
+            last_body=body,
+        )
 
 
 class Assistant(Think):

@@ -184,6 +184,9 @@ class MessageAccumulator:
         if chunk.get("preliminary"):
             changes["preliminary"] = True
         self._tool_settle(chunk, changes)
+        part = self._find_tool(chunk.get("toolCallId"))
+        if part is not None and not chunk.get("preliminary"):
+            part.pop("preliminary", None)  # the final output replaces a preliminary one
 
     def _tool_output_error(self, chunk: dict[str, Any]) -> None:
         self._tool_settle(chunk, {"state": "output-error", "errorText": chunk.get("errorText", "")})

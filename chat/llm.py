@@ -5,8 +5,10 @@ litellm is imported lazily so that migrate, the admin and beat never pay for its
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +48,19 @@ class Usage:
 Event = TextDelta | ReasoningDelta | ToolCallDelta | StepFinish | Usage
 
 
-def _litellm() -> Any:
+def load_litellm() -> Any:
+    """Import litellm (seconds, the first time). Never call this on an event loop that runs turns."""
     import litellm
 
     litellm.suppress_debug_info = True
     return litellm
+
+
+async def _litellm() -> Any:
+    # The first import takes seconds; on the loop it would starve every turn's heartbeat.
+    if "litellm" in sys.modules:
+        return load_litellm()
+    return await asyncio.get_running_loop().run_in_executor(None, load_litellm)
 
 
 def _events_of(chunk: Any) -> list[Event]:
@@ -83,9 +93,9 @@ def _events_of(chunk: Any) -> list[Event]:
 
 async def stream_chat(
     *, model: dict[str, Any], messages: list[dict[str, Any]], **extra: Any
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     """Stream one model call. Provider errors surface as litellm exceptions (one retry budget: ours)."""
-    litellm = _litellm()
+    litellm = await _litellm()
     kwargs = {"num_retries": 0, **model, **extra}
     response = await litellm.acompletion(
         messages=messages, stream=True, stream_options={"include_usage": True}, **kwargs

@@ -93,7 +93,8 @@ def parse_frame(text: str | bytes) -> Frame | None:
         raise ProtocolError(f"frame is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("frame is not a JSON object")
-    parser = _PARSERS.get(data.get("type"))  # type: ignore[arg-type]
+    frame_type = data.get("type")
+    parser = _PARSERS.get(frame_type) if isinstance(frame_type, str) else None
     return parser(data) if parser else None
 
 

@@ -6,6 +6,7 @@ Every write that clients must hear about is followed by a broadcast after its tr
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,7 @@ def turn_snapshot(
     request_id: str,
     continuation: bool,
     root_request_id: str | None = None,
+    incident_id: str | None = None,
 ) -> dict[str, Any]:
     """The fiber snapshot, written before the model is called, so even a pre-stream crash is recoverable."""
     latest = Message.objects.filter(conversation=conversation).order_by("-position").first()
@@ -104,6 +106,8 @@ def turn_snapshot(
         "lastBody": conversation.last_body,
         "lastClientTools": conversation.last_client_tools,
     }
+    if incident_id is not None:
+        chat["incidentId"] = incident_id
     return {"chat": chat, "user": None}
 
 
@@ -133,6 +137,56 @@ def turn_accept(*, conversation_id: int, request: ChatRequest) -> AcceptedTurn:
         )
         transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return AcceptedTurn(fiber.pk, request.id)
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """The result of starting a programmatic turn: its request id, or status "skipped" (request id "")."""
+
+    request_id: str
+    status: str  # "accepted" or "skipped"
+    fiber_id: Any = None
+
+
+def turn_start_recovered(
+    *,
+    conversation_id: int,
+    kind: str,
+    root_request_id: str,
+    incident_id: str | None,
+    last_body: dict[str, Any] | None = None,
+    last_client_tools: list[dict[str, Any]] | None = None,
+) -> TurnStart:
+    """Start a continuation (leaf must be an assistant message) or a retry (leaf must be a user message).
+
+    A continuation writes a new assistant message after the partial; a retry re-runs the model for the
+    existing user message, which is never added twice.
+    """
+    with transaction.atomic():
+        conversation = _lock_conversation(conversation_id)
+        leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
+        wanted = Message.Role.ASSISTANT if kind == Fiber.Kind.CONTINUE else Message.Role.USER
+        if leaf is None or leaf.role != wanted:
+            return TurnStart("", "skipped")
+        if last_body is not None or last_client_tools is not None:
+            conversation.last_body = last_body if last_body is not None else conversation.last_body
+            conversation.last_client_tools = (
+                last_client_tools if last_client_tools is not None else conversation.last_client_tools
+            )
+            conversation.save(update_fields=["last_body", "last_client_tools", "updated_at"])
+        request_id = str(uuid.uuid4())
+        snapshot = turn_snapshot(
+            conversation=conversation,
+            request_id=request_id,
+            continuation=kind == Fiber.Kind.CONTINUE,
+            root_request_id=root_request_id,
+            incident_id=incident_id,
+        )
+        fiber = fiber_create(
+            conversation_id=conversation_id, request_id=request_id, kind=kind, snapshot=snapshot
+        )
+        transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
+    return TurnStart(request_id, "accepted", fiber.pk)
 
 
 def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:

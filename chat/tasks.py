@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from recovery import runtime
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="think.run_turn", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -13,3 +18,22 @@ def run_turn(fiber_id: str) -> None:
     from .turns import turn_run
 
     runtime.run(turn_run(fiber_id))
+
+
+@worker_shutting_down.connect
+def hand_turns_to_recovery(**kwargs: object) -> None:
+    """A deploy or a stop: persist each running turn's partial and release its lease at once."""
+    from .turns import shutdown_all
+
+    count = shutdown_all()
+    if count:
+        logger.warning("worker shutting down: %s running turns handed to recovery", count)
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def preload_litellm(**kwargs: object) -> None:
+    """Pay litellm's import before the first turn, not during it."""
+    from .llm import load_litellm
+
+    load_litellm()

@@ -20,7 +20,8 @@ def _assistant_messages(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     outputs: list[dict[str, Any]] = []
 
     def close_step() -> None:
-        if not text and not calls:
+        if not "".join(text) and not calls:
+            text.clear()
             return
         message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
         if calls:

@@ -14,6 +14,8 @@ import time
 import uuid
 from typing import Any
 
+from recovery import diagnostics
+from recovery.detection import fiber_interrupt, fiber_release
 from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_heartbeat, worker_identity
 from recovery.models import Fiber, Stream
 from recovery.runtime import db
@@ -32,6 +34,22 @@ from .transcript import to_model_messages
 
 logger = logging.getLogger(__name__)
 
+CONTINUE_PROMPT = "Continue your previous response from exactly where it left off. Do not repeat any of it."
+
+# Runners of this process, so a worker shutdown can hand every turn to recovery at once.
+ACTIVE: set[asyncio.Task[None]] = set()
+
+
+class StreamStalled(Exception):
+    """The model stream was silent for longer than the stall timeout (reference §10)."""
+
+    def __init__(self, timeout_ms: int) -> None:
+        super().__init__(
+            f"Chat stream stalled: no activity for {timeout_ms}ms;"
+            " the turn was aborted by the stall watchdog."
+        )
+        self.timeout_ms = timeout_ms
+
 
 async def turn_run(fiber_id: str) -> None:
     """Run the turn of a fiber; a duplicate delivery, or a fiber that is not pending, does nothing."""
@@ -39,7 +57,20 @@ async def turn_run(fiber_id: str) -> None:
     if claim is None:
         logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
         return
-    await TurnRunner(claim).run()
+    task = asyncio.current_task()
+    assert task is not None
+    ACTIVE.add(task)
+    try:
+        await TurnRunner(claim).run()
+    finally:
+        ACTIVE.discard(task)
+
+
+def shutdown_all() -> int:
+    """Cancel every turn of this process; each persists its buffer and lets recovery take over."""
+    for task in list(ACTIVE):
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    return len(ACTIVE)
 
 
 def _load(conversation_id: int) -> tuple[Conversation, list[dict[str, Any]]]:
@@ -52,7 +83,9 @@ class TurnRunner:
         self.claim = claim
         self.conversation_id = claim.conversation_id
         self.request_id = claim.request_id
-        self.continuation = bool((claim.snapshot or {}).get("chat", {}).get("continuation"))
+        chat_snapshot = (claim.snapshot or {}).get("chat") or {}
+        self.continuation = bool(chat_snapshot.get("continuation"))
+        self.incident_id: str | None = chat_snapshot.get("incidentId")
         self.message_id = str(uuid.uuid4())
         self.accumulator = MessageAccumulator(self.message_id)
         self.writer: StreamWriter | None = None
@@ -102,6 +135,9 @@ class TurnRunner:
                 raise
         except LeaseLost:
             self.stop_reason = "lease"
+        except StreamStalled as stall:
+            await self._hand_to_recovery(stall)
+            return
         except Exception as exc:
             error = exc
         finally:
@@ -118,9 +154,30 @@ class TurnRunner:
         for chunk in chunker.begin():
             await self._emit(chunk)
         model_messages = to_model_messages(messages, system_prompt=agent.get_system_prompt())
-        async for event in llm.stream_chat(model=agent.completion_kwargs(), messages=model_messages):
-            for chunk in chunker.feed(event):
-                await self._emit(chunk)
+        if self.continuation and model_messages and model_messages[-1]["role"] == "assistant":
+            # Some providers reject assistant prefill: ask to continue instead (never persisted).
+            model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
+        events = llm.stream_chat(model=agent.completion_kwargs(), messages=model_messages)
+        stall_ms = int(agent.chat_stream_stall_timeout_ms)
+        try:
+            while True:
+                try:
+                    pending = events.__anext__()
+                    event = await (asyncio.wait_for(pending, stall_ms / 1000) if stall_ms > 0 else pending)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    diagnostics.emit(
+                        "chat:stream:stalled",
+                        {"requestId": self.request_id, "timeoutMs": stall_ms},
+                        agent=agent.agent,
+                        name=agent.name,
+                    )
+                    raise StreamStalled(stall_ms) from None
+                for chunk in chunker.feed(event):
+                    await self._emit(chunk)
+        finally:
+            await events.aclose()
         for chunk in chunker.end():
             await self._emit(chunk)
 
@@ -183,6 +240,13 @@ class TurnRunner:
         except LeaseLost:
             logger.warning("fiber lease lost while finishing; nothing written", extra=self.log_extra)
             return
+        if self.incident_id:  # a recovered turn settles its incident (and the recovering flag) first
+            from recovery.callbacks import settle_recovered_turn
+
+            conversation = await db(Conversation.objects.get, pk=self.conversation_id)
+            await settle_recovered_turn(
+                conversation=conversation, incident_id=self.incident_id, outcome=wire_outcome
+            )
         messages = await db(messages_list, conversation_id=self.conversation_id)
         await broadcast.publish(self.conversation_id, chat_messages_frame(messages))
         seq = self.writer.next_seq
@@ -203,4 +267,19 @@ class TurnRunner:
         assert self.writer is not None
         with contextlib.suppress(Exception):
             await self.writer.flush()
-        logger.warning("worker stopping mid-turn; the fiber is left for recovery", extra=self.log_extra)
+        with contextlib.suppress(Exception):
+            await db(fiber_release, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing)
+        logger.warning("worker stopping mid-turn; the fiber is handed to recovery", extra=self.log_extra)
+
+    async def _hand_to_recovery(self, stall: StreamStalled) -> None:
+        """A stalled stream joins the same incident budget as a crash, through the same engine."""
+        assert self.writer is not None
+        logger.warning("%s", stall, extra=self.log_extra)
+        try:
+            await self.writer.flush()
+        except LeaseLost:
+            return
+        if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing):
+            from recovery.engine import recover_fiber
+
+            await recover_fiber(self.claim.fiber_id)

@@ -22,7 +22,10 @@ class Fiber(models.Model):
         COMPLETED = "completed"
         CANCELLED = "cancelled"
         FAILED = "failed"
+        # The lease expired (or the turn stalled or its worker shut down): the engine owns it now.
         INTERRUPTED = "interrupted"
+        # The engine has handled the interruption (scheduled a continuation, gave up, or skipped).
+        RECOVERED = "recovered"
 
     class Kind(models.TextChoices):
         CHAT = "chat"
@@ -122,3 +125,80 @@ class Segment(models.Model):
 
     def bodies(self) -> list[str]:
         return self.body.split("\n")
+
+
+class Incident(models.Model):
+    """A recovery incident: the budget of one interrupted turn and its continuations (reference §7).
+
+    Times are epoch milliseconds, as in the pure budget function that evaluates them.
+    """
+
+    class Status(models.TextChoices):
+        DETECTED = "detected"
+        SCHEDULED = "scheduled"
+        ATTEMPTING = "attempting"
+        COMPLETED = "completed"
+        SKIPPED = "skipped"
+        EXHAUSTED = "exhausted"
+        FAILED = "failed"
+
+    conversation = models.ForeignKey(
+        "think_chat.Conversation", on_delete=models.CASCADE, related_name="incidents"
+    )
+    incident_id = models.CharField(max_length=600)
+    request_id = models.CharField(max_length=255)
+    recovery_root_request_id = models.CharField(max_length=255)
+    recovery_kind = models.CharField(max_length=16)
+    attempt = models.IntegerField(default=1)
+    max_attempts = models.IntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices)
+    first_seen_at = models.BigIntegerField()
+    last_attempt_at = models.BigIntegerField()
+    last_progress_at = models.BigIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=64, blank=True, default="")
+    progress = models.BigIntegerField(null=True, blank=True)
+    work_baseline = models.BigIntegerField(null=True, blank=True)
+    oom_attempts = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "incident_id"], name="think_incident_id"),
+        ]
+        indexes = [models.Index(fields=["status"], name="think_incident_status")]
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return f"incident {self.incident_id} ({self.status})"
+
+
+class Alarm(models.Model):
+    """A durable one-shot callback, fired by the beat tick when due (never a Celery ETA task).
+
+    Idempotent schedules carry a key, so repeated detections collapse into one pending alarm;
+    reschedules made from inside a running alarm have none and always add a row.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+
+    conversation = models.ForeignKey(
+        "think_chat.Conversation", on_delete=models.CASCADE, related_name="alarms"
+    )
+    callback = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    due_at = models.DateTimeField()
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True, unique=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.IntegerField(default=0)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["due_at"], name="think_alarm_due", condition=Q(status="pending"))]
+        ordering = ["due_at"]
+
+    def __str__(self) -> str:
+        return f"alarm {self.callback} at {self.due_at:%H:%M:%S}"

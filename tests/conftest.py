@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from tests.support import Proc, stack_env, start_daphne, start_worker  # noqa: E402
+from tests.support import Proc, stack_env, start_beat, start_daphne, start_worker  # noqa: E402
 from thinkproject.scripted_model import ScriptedModelServer  # noqa: E402
 
 
@@ -68,8 +68,17 @@ class Stack:
         self.workers.append(worker)
         return worker
 
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+
+    def start_beat(self) -> Proc:
+        self.beat = start_beat(self.env, self.log_dir)
+        return self.beat
+
     def stop(self) -> None:
-        for proc in [*self.workers, self.daphne]:
+        for proc in [*self.workers, self.daphne, *([self.beat] if getattr(self, "beat", None) else [])]:
             proc.stop()
 
 
@@ -78,5 +87,14 @@ def stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
     """daphne plus one worker, shared by the end-to-end tests that do not kill processes."""
     stack = Stack(stack_environment, log_dir)
     stack.start_worker()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def recovery_stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
+    """daphne and beat for tests that start and kill their own workers."""
+    stack = Stack(stack_environment, log_dir)
+    stack.start_beat()
     yield stack
     stack.stop()

@@ -16,6 +16,13 @@ RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8])
 TEST_REDIS_BASE = os.environ.get("THINK_TEST_REDIS_URL", REDIS_URL.rsplit("/", 1)[0])
 CELERY_BROKER_URL = f"{TEST_REDIS_BASE}/14"
 CELERY_TASK_DEFAULT_QUEUE = f"thinktest-{RUN_ID}"
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": f"{TEST_REDIS_BASE}/13",
+        "KEY_PREFIX": f"thinktest{RUN_ID}",
+    }
+}
 CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"] = f"{TEST_REDIS_BASE}/15"
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"thinktest{RUN_ID}"
 
@@ -24,6 +31,14 @@ if os.environ.get("THINK_TEST_DATABASE_NAME"):
 else:
     DATABASES["default"]["TEST"] = {"NAME": f"test_thinkproject_{RUN_ID}"}
 
-THINK = {**THINK, "GROUP_PREFIX": "thinktest"}
+THINK = {
+    **THINK,
+    "GROUP_PREFIX": "thinktest",
+    "AGENTS": {
+        "assistant": "chat.agents.Assistant",
+        "recovery-probe": "tests.agents.RecoveryProbe",
+        "stalling-agent": "tests.agents.StallingAgent",
+    },
+}
 SECRET_KEY = "tests-only"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

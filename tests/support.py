@@ -211,3 +211,74 @@ class ChatClient:
             if frame.get("done"):
                 log.done = frame
         return log
+
+
+def start_beat(env: dict[str, str], log_dir: Path) -> Proc:
+    schedule = log_dir / f"beat-{uuid.uuid4().hex[:6]}.db"
+    args = [str(BIN / "celery"), "-A", "thinkproject", "beat", "-l", "info", "--schedule", str(schedule)]
+    proc = Proc("beat", args, env, log_dir / f"beat-{uuid.uuid4().hex[:6]}.log").start()
+    wait_until(lambda: "beat: Starting" in proc.log() or proc.popen.poll() is not None, 30, "beat to start")  # type: ignore[union-attr]
+    return proc
+
+
+def worker_children(worker: Proc) -> list[int]:
+    """Pool child pids of a prefork worker (the processes that run the tasks)."""
+    assert worker.popen is not None
+    path = Path(f"/proc/{worker.popen.pid}/task/{worker.popen.pid}/children")
+    return [int(pid) for pid in path.read_text().split()] if path.exists() else []
+
+
+@dataclass
+class ConversationLog:
+    """Everything one client saw of a conversation's turns, in order, keyed by request id."""
+
+    order: list[str] = field(default_factory=list)
+    streams: dict[str, StreamLog] = field(default_factory=dict)
+    recovering: list[bool] = field(default_factory=list)
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)
+
+    def stream(self, request_id: str) -> StreamLog:
+        if request_id not in self.streams:
+            self.order.append(request_id)
+            self.streams[request_id] = StreamLog()
+        return self.streams[request_id]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.streams[r].text for r in self.order)
+
+    @property
+    def finished(self) -> bool:
+        return any(
+            s.done is not None and s.done.get("outcome") in ("completed", "error")
+            for s in self.streams.values()
+        ) or any(s.done is not None and s.done.get("error") for s in self.streams.values())
+
+
+async def follow_conversation(
+    client: ChatClient,
+    log: ConversationLog | None = None,
+    *,
+    timeout: float = 60,
+    until: Callable[[ConversationLog], bool] | None = None,
+) -> ConversationLog:
+    """Collect every turn of the conversation (recoveries included) until one completes or errors."""
+    log = log or ConversationLog()
+    deadline = time.monotonic() + timeout
+    stop = until or (lambda log: log.finished)
+    while not stop(log):
+        frame = await client.recv(max(0.01, deadline - time.monotonic()))
+        kind = frame.get("type")
+        if kind == "cf_agent_chat_recovering":
+            log.recovering.append(bool(frame["recovering"]))
+        elif kind == "cf_agent_chat_messages":
+            log.messages.append(frame["messages"])
+        elif kind == "cf_agent_use_chat_response":
+            stream = log.stream(frame["id"])
+            if frame.get("error"):
+                stream.errors.append(frame["body"])
+            elif frame.get("body"):
+                stream.chunks.append((frame.get("seq"), json.loads(frame["body"])))
+            if frame.get("done"):
+                stream.done = frame
+    return log

@@ -106,6 +106,10 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The channel layer and the broker should not share a Redis database (keys, eviction, FLUSHDB).
 CHANNELS_REDIS_URL = os.environ.get("CHANNELS_REDIS_URL", REDIS_URL.rsplit("/", 1)[0] + "/1")
 
+# Small shared state between processes (e.g. when the recovery tick last ran).
+CACHE_REDIS_URL = os.environ.get("CACHE_REDIS_URL", REDIS_URL.rsplit("/", 1)[0] + "/2")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_REDIS_URL}}
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -141,7 +145,9 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_BEAT_SCHEDULE: dict[str, Any] = {}
+from recovery.schedules import beat_schedule  # noqa: E402
+
+CELERY_BEAT_SCHEDULE: dict[str, Any] = {**beat_schedule()}
 
 THINK: dict[str, Any] = {
     "AGENTS": {"assistant": "chat.agents.Assistant"},

@@ -1,0 +1,81 @@
+"""Durable alarms: one-shot callbacks in Postgres, claimed by the beat tick when due.
+
+Nothing here uses a Celery ETA or countdown: a wait longer than the broker's visibility timeout would
+run the task twice, so long waits live in this table and the tick, firing every second, picks them up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from .models import Alarm
+
+# An alarm claimed by a worker that died is fired again after this long.
+ALARM_CLAIM_TTL = timedelta(seconds=60)
+
+
+def _key(conversation_id: int, callback: str, payload: dict[str, Any]) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{conversation_id}\x00{callback}\x00{canonical}".encode()).hexdigest()
+
+
+def alarm_schedule(
+    *, conversation_id: int, callback: str, payload: dict[str, Any], delay_s: float = 0, idempotent: bool
+) -> Alarm:
+    """Schedule a callback; an idempotent schedule joins a pending alarm of the same callback and payload."""
+    due = Now() + timedelta(seconds=delay_s)
+    key = _key(conversation_id, callback, payload) if idempotent else None
+    if key is not None:
+        existing = Alarm.objects.filter(idempotency_key=key).first()
+        if existing is not None:
+            return existing
+    try:
+        with transaction.atomic():
+            return Alarm.objects.create(
+                conversation_id=conversation_id,
+                callback=callback,
+                payload=payload,
+                due_at=due,
+                idempotency_key=key,
+            )
+    except IntegrityError:  # a concurrent idempotent schedule won the race
+        return Alarm.objects.get(idempotency_key=key)
+
+
+def alarms_claim_due(*, limit: int) -> list[int]:
+    """Claim due alarms (and ones whose claimer died) with SKIP LOCKED; call inside the tick's transaction."""
+    stale = Now() - ALARM_CLAIM_TTL
+    due = Alarm.objects.select_for_update(skip_locked=True).filter(
+        Q(status=Alarm.Status.PENDING, due_at__lte=Now())
+        | Q(status=Alarm.Status.RUNNING, claimed_at__lt=stale)
+    )
+    ids = list(due.order_by("due_at").values_list("pk", flat=True)[:limit])
+    Alarm.objects.filter(pk__in=ids).update(
+        status=Alarm.Status.RUNNING, claimed_at=Now(), attempts=F("attempts") + 1
+    )
+    return ids
+
+
+def alarm_done(*, alarm_id: int) -> None:
+    Alarm.objects.filter(pk=alarm_id).delete()
+
+
+def alarm_retry_later(*, alarm_id: int, delay_s: float) -> None:
+    """Put a claimed alarm back, e.g. after a transient infrastructure error."""
+    Alarm.objects.filter(pk=alarm_id).update(
+        status=Alarm.Status.PENDING, due_at=Now() + timedelta(seconds=delay_s), claimed_at=None
+    )
+
+
+def alarms_pending(*, conversation_id: int, callback: str | None = None) -> list[Alarm]:
+    alarms = Alarm.objects.filter(conversation_id=conversation_id)
+    if callback is not None:
+        alarms = alarms.filter(callback=callback)
+    return list(alarms)

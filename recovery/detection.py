@@ -1,0 +1,73 @@
+"""Detection: the beat tick that finds interrupted fibers and due alarms.
+
+One short transaction with SKIP LOCKED, so overlapping ticks (or several beat-driven workers) never
+claim the same row twice and never wait on each other. Claiming an expired fiber bumps its fencing
+number: from that moment the worker that held it cannot write a chunk, a frame or a final message.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from .alarms import alarms_claim_due
+from .models import Fiber
+
+logger = logging.getLogger(__name__)
+
+# How long the engine may take to handle an interrupted fiber before another tick tries again.
+HANDLING_TTL = timedelta(seconds=60)
+RECOVERY_OWNER = "recovery"
+
+
+@dataclass
+class TickClaims:
+    fibers: list[Any] = field(default_factory=list)
+    alarms: list[int] = field(default_factory=list)
+
+
+def _claim_interrupted(limit: int) -> list[Any]:
+    expired = Fiber.objects.select_for_update(skip_locked=True).filter(
+        Q(status=Fiber.Status.RUNNING) | Q(status=Fiber.Status.INTERRUPTED), lease_expires_at__lt=Now()
+    )
+    ids = list(expired.order_by("lease_expires_at").values_list("pk", flat=True)[:limit])
+    Fiber.objects.filter(pk__in=ids).update(
+        status=Fiber.Status.INTERRUPTED,
+        fencing=F("fencing") + 1,
+        lease_owner=RECOVERY_OWNER,
+        lease_expires_at=Now() + HANDLING_TTL,
+    )
+    return ids
+
+
+def tick_claim(*, limit: int = 100) -> TickClaims:
+    """Claim expired fibers and due alarms in one transaction."""
+    with transaction.atomic():
+        return TickClaims(fibers=_claim_interrupted(limit), alarms=alarms_claim_due(limit=limit))
+
+
+def fiber_interrupt(*, fiber_id: Any, fencing: int) -> bool:
+    """A worker hands its own fiber to recovery at once (stall, shutdown): fenced, so only the owner can."""
+    return bool(
+        Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
+            status=Fiber.Status.INTERRUPTED,
+            fencing=F("fencing") + 1,
+            lease_owner=RECOVERY_OWNER,
+            lease_expires_at=Now() + HANDLING_TTL,
+        )
+    )
+
+
+def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
+    """Let the lease lapse now, so the next tick hands the fiber to recovery (worker shutdown)."""
+    return bool(
+        Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
+            lease_expires_at=Now() - timedelta(seconds=1)
+        )
+    )

@@ -1,0 +1,313 @@
+"""The recovery engine: detection -> classification -> budget -> hook -> persist -> dispatch -> give-up.
+
+`recover_fiber` handles one interrupted fiber (reference §5); the continue and retry callbacks it
+schedules run from alarms (§8); `give_up` is the single exhaustion path (§9). Everything runs on the
+worker's event loop; database work hops to the DB threads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chat import broadcast
+from chat.agents import Think, agent_for
+from chat.protocol import chat_messages_frame, recovering_frame, response_frame
+
+from . import diagnostics
+from .alarms import alarm_schedule
+from .context import ChatRecoveryContext, ChatRecoveryOptions
+from .incident_store import incident_begin, incident_save, incident_set_status
+from .incidents import (
+    SCHEDULE_INITIAL,
+    ChatRecovery,
+    Incident,
+    exhausted_context,
+    incident_id_for,
+    resolve_chat_recovery,
+    schedule_is_idempotent,
+)
+from .models import Stream
+from .recovery_state import (
+    RecoveryTarget,
+    conversation_set_recovering,
+    conversation_set_terminal,
+    fiber_mark_recovered,
+    load_target,
+    orphan_persist,
+)
+from .runtime import db
+
+logger = logging.getLogger(__name__)
+
+CONTINUE_CALLBACK = "chat_recovery_continue"
+RETRY_CALLBACK = "chat_recovery_retry"
+DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was declined."
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+@dataclass
+class Recovery:
+    """One interrupted fiber being handled: the loaded state plus the agent that owns it."""
+
+    target: RecoveryTarget
+    agent: Think
+    config: ChatRecovery
+
+    def emit(self, event_type: str, payload: dict[str, Any]) -> None:
+        diagnostics.emit(event_type, payload, agent=self.agent.agent, name=self.agent.name)
+
+
+def _event_payload(incident: Incident) -> dict[str, Any]:
+    return {
+        "incidentId": incident.incident_id,
+        "requestId": incident.request_id,
+        "attempt": incident.attempt,
+        "maxAttempts": incident.max_attempts,
+        "recoveryKind": incident.recovery_kind,
+    }
+
+
+async def _recovery_for(fiber_id: Any) -> Recovery | None:
+    target = await db(load_target, fiber_id=fiber_id)
+    if target is None:
+        return None
+    agent = agent_for(target.conversation.agent, target.conversation.name, target.conversation.pk)
+    return Recovery(target, agent, resolve_chat_recovery(agent.chat_recovery))
+
+
+async def recover_fiber(fiber_id: Any) -> None:
+    """Handle one interrupted fiber; an exception leaves it interrupted for a later tick."""
+    recovery = await _recovery_for(fiber_id)
+    if recovery is None:
+        return
+    target = recovery.target
+    recovery.emit("fiber:recovery:detected", {"fiberId": str(fiber_id), "requestId": target.request_id})
+    awaiting = await db(recovery.agent.has_pending_interaction)
+    evaluation = await db(
+        incident_begin,
+        conversation_id=target.conversation.pk,
+        incident_id=incident_id_for(
+            request_id=target.request_id,
+            recovery_root_request_id=target.root_request_id,
+            latest_user_message_id=target.latest_user_message_id,
+        ),
+        request_id=target.request_id,
+        recovery_root_request_id=target.root_request_id,
+        recovery_kind=target.kind,
+        config=recovery.config,
+        now_ms=now_ms(),
+        awaiting=awaiting,
+    )
+    incident = evaluation.incident
+    if evaluation.predicate_error is not None:
+        logger.warning(
+            "chat_recovery.should_keep_recovering raised; recovery continues: %r", evaluation.predicate_error
+        )
+    if evaluation.opened:
+        recovery.emit("chat:recovery:detected", _event_payload(incident))
+    recovery.emit("chat:recovery:attempt", _event_payload(incident))
+    if evaluation.exhausted:
+        await _persist_orphan(recovery, keep=True)
+        await give_up(recovery, incident)
+    else:
+        await _recover(recovery, incident)
+    await db(fiber_mark_recovered, fiber_id=fiber_id)
+    recovery.emit("fiber:recovery:handled", {"fiberId": str(fiber_id), "requestId": target.request_id})
+
+
+def _context(recovery: Recovery, incident: Incident) -> ChatRecoveryContext:
+    target = recovery.target
+    return ChatRecoveryContext(
+        incident_id=incident.incident_id,
+        recovery_root_request_id=target.root_request_id,
+        attempt=incident.attempt,
+        max_attempts=incident.max_attempts,
+        recovery_kind=target.kind,
+        stream_id=str(target.stream.pk) if target.stream is not None else "",
+        request_id=target.request_id,
+        partial_text=target.partial.text,
+        partial_parts=target.partial.parts,
+        recovery_data=target.recovery_data,
+        messages=target.messages,
+        last_body=target.last_body,
+        last_client_tools=target.last_client_tools,
+        created_at=target.created_at_ms,
+    )
+
+
+async def _recover(recovery: Recovery, incident: Incident) -> None:
+    target = recovery.target
+    try:
+        options = await maybe_await(recovery.agent.on_chat_recovery(_context(recovery, incident)))
+    except Exception as exc:
+        await db(
+            incident_set_status,
+            conversation_id=target.conversation.pk,
+            incident_id=incident.incident_id,
+            status="failed",
+            reason=str(exc)[:64],
+        )
+        recovery.emit("chat:recovery:failed", {**_event_payload(incident), "reason": str(exc)})
+        raise
+    options = options if isinstance(options, ChatRecoveryOptions) else ChatRecoveryOptions()
+    await _persist_orphan(recovery, keep=options.persist)
+    await _dispatch(recovery, incident, options)
+
+
+async def _persist_orphan(recovery: Recovery, *, keep: bool) -> None:
+    """Settle a stream left open by the dead turn: store its partial (when allowed) and close it.
+
+    Settled tool results are never dropped, whatever `keep` says (reference #1631).
+    """
+    target = recovery.target
+    if target.stream is None or target.stream.status != Stream.Status.STREAMING:
+        return
+    persist = keep or target.partial.has_settled_tool_results
+    target.messages = await db(orphan_persist, target=target, persist=persist)
+
+
+async def _close_orphan_stream(recovery: Recovery, *, outcome: str, error: str | None = None) -> None:
+    """Tell clients that watched the dead stream that it ended (its seq follows the last stored chunk)."""
+    target = recovery.target
+    if target.stream is None or not target.stream_was_open:
+        return
+    seq = target.last_seq + 1
+    frame = response_frame(
+        target.request_id,
+        error or "",
+        done=True,
+        error=error is not None,
+        seq=seq,
+        continuation=target.stream.is_continuation,
+        outcome=outcome,
+    )
+    await broadcast.publish(target.conversation.pk, chat_messages_frame(target.messages))
+    await broadcast.publish_stream_end(target.conversation.pk, target.request_id, seq, frame)
+
+
+async def _dispatch(recovery: Recovery, incident: Incident, options: ChatRecoveryOptions) -> None:
+    target = recovery.target
+    terminal = target.stream_terminal
+    should_retry = target.kind == "retry" and options.continue_ and not terminal
+    can_continue = not should_retry and options.continue_ and not terminal
+    leaf = target.messages[-1] if target.messages else None
+    data: dict[str, Any] = {
+        "originalRequestId": target.root_request_id,
+        "incidentId": incident.incident_id,
+        "lastBody": target.last_body,
+        "lastClientTools": target.last_client_tools,
+    }
+    if should_retry:
+        data["targetUserId"] = target.latest_user_message_id
+        await schedule_recovery(recovery, incident, RETRY_CALLBACK, data)
+    elif can_continue:
+        if leaf is not None and leaf["role"] == "assistant":
+            data["targetAssistantId"] = leaf["id"]
+        await schedule_recovery(recovery, incident, CONTINUE_CALLBACK, data)
+    elif not options.continue_ and not terminal:
+        await _skip(recovery, incident, "continue_disabled")
+        await _close_orphan_stream(recovery, outcome="error", error=DECLINED_MESSAGE)
+        await _terminal(
+            recovery, target.request_id, DECLINED_MESSAGE, broadcast_error=not target.stream_was_open
+        )
+        return
+    else:
+        await _skip(recovery, incident, "stream_terminal" if terminal else "not_recoverable")
+    await _close_orphan_stream(
+        recovery, outcome="recovering" if should_retry or can_continue else "completed"
+    )
+
+
+async def _skip(recovery: Recovery, incident: Incident, reason: str) -> None:
+    await db(
+        incident_set_status,
+        conversation_id=recovery.target.conversation.pk,
+        incident_id=incident.incident_id,
+        status="skipped",
+        reason=reason,
+    )
+    recovery.emit("chat:recovery:skipped", {**_event_payload(incident), "reason": reason})
+    await _set_recovering(recovery.target.conversation.pk, None)
+
+
+async def _set_recovering(conversation_id: int, request_id: str | None) -> None:
+    """Flip the recovering flag and tell clients, only on a real transition."""
+    changed = await db(conversation_set_recovering, conversation_id=conversation_id, request_id=request_id)
+    if changed:
+        await broadcast.publish(conversation_id, recovering_frame(request_id is not None, request_id))
+
+
+async def schedule_recovery(
+    recovery: Recovery, incident: Incident, callback: str, data: dict[str, Any]
+) -> None:
+    conversation_id = recovery.target.conversation.pk
+    await db(
+        incident_set_status,
+        conversation_id=conversation_id,
+        incident_id=incident.incident_id,
+        status="scheduled",
+    )
+    await _set_recovering(conversation_id, recovery.target.root_request_id)
+    recovery.emit("chat:recovery:scheduled", _event_payload(incident))
+    await db(
+        alarm_schedule,
+        conversation_id=conversation_id,
+        callback=callback,
+        payload=data,
+        idempotent=schedule_is_idempotent(SCHEDULE_INITIAL),
+    )
+
+
+async def _terminal(recovery: Recovery, request_id: str, body: str, *, broadcast_error: bool = True) -> None:
+    """The terminal outcome: an error frame now, and a record replayed to clients that connect later."""
+    conversation_id = recovery.target.conversation.pk
+    await db(conversation_set_terminal, conversation_id=conversation_id, request_id=request_id, body=body)
+    if broadcast_error:
+        await broadcast.publish(
+            conversation_id, response_frame(request_id, body, done=True, error=True, outcome="error")
+        )
+    await _set_recovering(conversation_id, None)
+
+
+async def give_up(recovery: Recovery, incident: Incident) -> None:
+    """Exhaustion (reference §9.1): event, on_exhausted (errors swallowed), terminal frame and record.
+
+    The terminal message is never written into the transcript.
+    """
+    target = recovery.target
+    sealed = incident if incident.status == "exhausted" else _sealed(incident, incident.reason)
+    ctx = exhausted_context(
+        sealed,
+        config=recovery.config,
+        stream_id=str(target.stream.pk) if target.stream else "",
+        created_at=target.created_at_ms,
+        partial_text=target.partial.text,
+        partial_parts=target.partial.parts,
+    )
+    recovery.emit("chat:recovery:exhausted", dict(vars(ctx)))
+    if recovery.config.on_exhausted is not None:
+        try:
+            await maybe_await(recovery.config.on_exhausted(ctx))
+        except Exception:
+            logger.exception("chat_recovery.on_exhausted raised; the terminal message is sent anyway")
+    message = recovery.config.terminal_message
+    await _close_orphan_stream(recovery, outcome="error", error=message)
+    await _terminal(recovery, ctx.request_id, message, broadcast_error=not target.stream_was_open)
+    await db(incident_save, conversation_id=target.conversation.pk, incident=sealed)
+
+
+def _sealed(incident: Incident, reason: str | None) -> Incident:
+    from dataclasses import replace
+
+    return replace(incident, status="exhausted", reason=reason or "max_attempts_exceeded")

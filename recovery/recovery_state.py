@@ -1,0 +1,168 @@
+"""What the engine reads about an interrupted turn, and the small writes it makes (sync, DB threads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from chat.folding import MessageAccumulator, fold_bodies
+from chat.models import Conversation
+from chat.selectors import messages_list
+from chat.services import message_upsert
+
+from .models import Fiber, Stream
+from .stream import stream_chunks, stream_close
+
+
+def unwrap_snapshot(snapshot: Any) -> tuple[dict[str, Any] | None, Any]:
+    """(chat snapshot, user stash); anything that is not our envelope gives no snapshot (reference §4)."""
+    if not isinstance(snapshot, dict) or "chat" not in snapshot:
+        return None, snapshot
+    chat = snapshot["chat"]
+    valid = (
+        isinstance(chat, dict)
+        and chat.get("version") == 1
+        and chat.get("kind") == "think-chat-turn"
+        and isinstance(chat.get("requestId"), str)
+        and isinstance(chat.get("continuation"), bool)
+    )
+    return (chat if valid else None), snapshot.get("user")
+
+
+@dataclass
+class RecoveryTarget:
+    fiber: Fiber
+    conversation: Conversation
+    snapshot: dict[str, Any] | None
+    recovery_data: Any
+    stream: Stream | None
+    partial: MessageAccumulator
+    last_seq: int
+    messages: list[dict[str, Any]]
+
+    @property
+    def request_id(self) -> str:
+        return self.fiber.request_id
+
+    @property
+    def root_request_id(self) -> str:
+        root = (self.snapshot or {}).get("recoveryRootRequestId")
+        return root if isinstance(root, str) and root else self.fiber.request_id
+
+    @property
+    def latest_user_message_id(self) -> str | None:
+        value = (self.snapshot or {}).get("latestUserMessageId")
+        return value if isinstance(value, str) else None
+
+    @property
+    def stream_terminal(self) -> bool:
+        return self.stream is not None and self.stream.status in (
+            Stream.Status.COMPLETED,
+            Stream.Status.ERROR,
+        )
+
+    @property
+    def stream_was_open(self) -> bool:
+        return self.stream is not None and not self.stream_terminal
+
+    @property
+    def kind(self) -> str:
+        """retry when nothing was produced and the user message is unanswered, else continue.
+
+        Unlike the reference, a stream that was opened but stayed empty is a retry too (#2105/#2276):
+        a continuation would find the user message as the leaf and silently drop the turn.
+        """
+        snapshot = self.snapshot
+        if snapshot is None or snapshot.get("continuation") or self.stream_terminal:
+            return "continue"
+        leaf = self.messages[-1] if self.messages else None
+        unanswered = (
+            self.latest_user_message_id is not None
+            and leaf is not None
+            and leaf["role"] == "user"
+            and leaf["id"] == self.latest_user_message_id
+        )
+        return "retry" if unanswered and not self.partial.has_content else "continue"
+
+    @property
+    def last_body(self) -> dict[str, Any] | None:
+        return (self.snapshot or {}).get("lastBody", self.conversation.last_body)
+
+    @property
+    def last_client_tools(self) -> list[dict[str, Any]] | None:
+        return (self.snapshot or {}).get("lastClientTools", self.conversation.last_client_tools)
+
+    @property
+    def created_at_ms(self) -> int:
+        return int(self.fiber.created_at.timestamp() * 1000)
+
+
+def load_target(*, fiber_id: Any) -> RecoveryTarget | None:
+    """Load an interrupted fiber with its stream, partial and transcript; None if it is not interrupted."""
+    fiber = (
+        Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED)
+        .select_related("conversation")
+        .first()
+    )
+    if fiber is None:
+        return None
+    snapshot, stash = unwrap_snapshot(fiber.snapshot)
+    stream = Stream.objects.filter(fiber=fiber).order_by("-created_at").first()
+    chunks = stream_chunks(stream.pk) if stream is not None else []
+    partial = fold_bodies(stream.message_id if stream else "", (body for _, body in chunks))
+    if stream is not None:
+        partial.message_id = stream.message_id  # the persisted id wins over anything a chunk said
+    return RecoveryTarget(
+        fiber=fiber,
+        conversation=fiber.conversation,
+        snapshot=snapshot,
+        recovery_data=stash,
+        stream=stream,
+        partial=partial,
+        last_seq=chunks[-1][0] if chunks else -1,
+        messages=messages_list(conversation_id=fiber.conversation_id),
+    )
+
+
+def orphan_persist(
+    *, target: RecoveryTarget, persist: bool, status: str = Stream.Status.COMPLETED
+) -> list[dict[str, Any]]:
+    """Store the partial under the stream's message id (if asked and non-empty) and close the stream."""
+    assert target.stream is not None
+    with transaction.atomic():
+        Conversation.objects.select_for_update().filter(pk=target.conversation.pk).first()
+        if persist and target.partial.has_content:
+            message_upsert(conversation_id=target.conversation.pk, message=target.partial.message())
+        stream_close(stream_id=target.stream.pk, status=status)
+    return messages_list(conversation_id=target.conversation.pk)
+
+
+def fiber_mark_recovered(*, fiber_id: Any) -> None:
+    Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED).update(
+        status=Fiber.Status.RECOVERED, finished_at=Now(), lease_expires_at=None
+    )
+
+
+def conversation_set_recovering(*, conversation_id: int, request_id: str | None) -> bool:
+    """Set or clear the recovering flag; True when that changed it."""
+    import time
+
+    with transaction.atomic():
+        conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
+        active = conversation.recovering is not None
+        if active == (request_id is not None):
+            return False
+        conversation.recovering = (
+            {"requestId": request_id, "at": int(time.time() * 1000)} if request_id is not None else None
+        )
+        conversation.save(update_fields=["recovering", "updated_at"])
+    return True
+
+
+def conversation_set_terminal(*, conversation_id: int, request_id: str, body: str) -> None:
+    Conversation.objects.filter(pk=conversation_id).update(
+        last_terminal={"requestId": request_id, "body": body}
+    )

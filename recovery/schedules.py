@@ -1,0 +1,23 @@
+"""The beat schedule fragment a host merges into its own CELERY_BEAT_SCHEDULE."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def beat_schedule(tick_seconds: float | None = None) -> dict[str, Any]:
+    """The recovery tick, every second by default (THINK_RECOVERY_TICK_S); missed ticks expire."""
+    seconds = (
+        tick_seconds if tick_seconds is not None else float(os.environ.get("THINK_RECOVERY_TICK_S", "1.0"))
+    )
+    return {
+        "think-recovery-tick": {
+            "task": "think.recovery_tick",
+            "schedule": seconds,
+            "options": {"expires": max(seconds * 0.9, 0.5)},
+        }
+    }
+
+
+BEAT_SCHEDULE = beat_schedule()

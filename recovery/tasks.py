@@ -1,0 +1,45 @@
+"""Celery tasks of the recovery app: the beat tick and the work it hands out. They take ids only."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+
+from . import runtime
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="think.recovery_tick", ignore_result=True)
+def recovery_tick(limit: int = 100) -> dict[str, int]:
+    """Claim expired fibers and due alarms (one short SKIP LOCKED transaction) and hand each out."""
+    from .detection import tick_claim
+    from .heartbeat import beat_touch
+
+    claims = tick_claim(limit=limit)
+    beat_touch()
+    for fiber_id in claims.fibers:
+        recover_fiber.delay(str(fiber_id))
+    for alarm_id in claims.alarms:
+        fire_alarm.delay(alarm_id)
+    if claims.fibers or claims.alarms:
+        logger.info(
+            "recovery tick: %s interrupted fibers, %s due alarms", len(claims.fibers), len(claims.alarms)
+        )
+    return {"fibers": len(claims.fibers), "alarms": len(claims.alarms)}
+
+
+@shared_task(name="think.recover_fiber", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def recover_fiber(fiber_id: str) -> None:
+    from .engine import recover_fiber as engine_recover_fiber
+
+    runtime.run(engine_recover_fiber(fiber_id))
+
+
+@shared_task(name="think.fire_alarm", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def fire_alarm(alarm_id: Any) -> None:
+    from .callbacks import fire_alarm as callbacks_fire_alarm
+
+    runtime.run(callbacks_fire_alarm(int(alarm_id)))

@@ -1,0 +1,127 @@
+"""kebab() (reference §1.1) and the agent registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chat.agents import Assistant, Think, UnknownAgent, agent_class, agent_for, agent_names, kebab
+
+
+class CustomAgent(Think):
+    def get_system_prompt(self) -> str | None:
+        return "custom"
+
+
+class NotAnAgent:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ChatAgent", "chat-agent"),
+        ("ThinkContextOverflowE2EAgent", "think-context-overflow-e2-e-agent"),
+        ("MY_AGENT", "my-agent"),
+        ("assistant", "assistant"),
+        ("my_agent", "my-agent"),
+        ("MyThinkAgent", "my-think-agent"),
+        ("chatAgent", "chat-agent"),
+        ("Agent", "agent"),
+        ("AGENT", "agent"),
+        ("E2E", "e2e"),
+        ("MY_AGENT_2", "my-agent-2"),
+        ("My_Agent", "my--agent"),
+        ("Agent_", "agent"),
+        ("already-kebab", "already-kebab"),
+        ("HTTPAgent", "h-t-t-p-agent"),
+    ],
+)
+def test_kebab(name: str, expected: str) -> None:
+    assert kebab(name) == expected
+
+
+@pytest.mark.parametrize(("name", "expected"), [("Agent__", "agent-"), ("-Agent", "-agent")])
+def test_kebab_drops_only_one_leading_or_trailing_dash(name: str, expected: str) -> None:
+    assert kebab(name) == expected
+
+
+def test_agent_class_default_registry() -> None:
+    assert agent_class("assistant") is Assistant
+
+
+def test_agent_names() -> None:
+    assert agent_names() == ["assistant"]
+
+
+@pytest.mark.parametrize("name", ["nope", "Assistant", "assistant-", "", "chat.agents.Assistant"])
+def test_unknown_agent(name: str) -> None:
+    with pytest.raises(UnknownAgent):
+        agent_class(name)
+
+
+def test_unknown_agent_is_a_lookup_error() -> None:
+    assert issubclass(UnknownAgent, LookupError)
+
+
+def test_custom_registration_is_read_at_access_time(settings: Any) -> None:
+    settings.THINK = {"AGENTS": {"MyCustomAgent": "tests.chat.test_agents.CustomAgent"}}
+    assert agent_class("my-custom-agent") is CustomAgent
+    assert agent_names() == ["MyCustomAgent"]
+    with pytest.raises(UnknownAgent):
+        agent_class("assistant")
+    with pytest.raises(UnknownAgent):
+        agent_class("MyCustomAgent")
+
+
+def test_several_registrations(settings: Any) -> None:
+    settings.THINK = {
+        "AGENTS": {"assistant": "chat.agents.Assistant", "SUPPORT_BOT": "tests.chat.test_agents.CustomAgent"}
+    }
+    assert agent_class("assistant") is Assistant
+    assert agent_class("support-bot") is CustomAgent
+
+
+def test_missing_agents_setting_falls_back_to_the_default(settings: Any) -> None:
+    settings.THINK = {"GROUP_PREFIX": "x"}
+    assert agent_class("assistant") is Assistant
+
+
+def test_registration_that_is_not_a_think_subclass_is_unknown(settings: Any) -> None:
+    settings.THINK = {"AGENTS": {"plain": "tests.chat.test_agents.NotAnAgent", "func": "json.dumps"}}
+    with pytest.raises(UnknownAgent):
+        agent_class("plain")
+    with pytest.raises(UnknownAgent):
+        agent_class("func")
+
+
+def test_agent_for_builds_an_instance(settings: Any) -> None:
+    settings.THINK = {"AGENTS": {"custom": "tests.chat.test_agents.CustomAgent"}}
+    agent = agent_for("custom", "room-1", 7)
+    assert isinstance(agent, CustomAgent)
+    assert (agent.agent, agent.name, agent.conversation_id) == ("custom", "room-1", 7)
+    assert agent.get_system_prompt() == "custom"
+
+
+def test_assistant_has_a_system_prompt() -> None:
+    assert Assistant(agent="assistant", name="n").get_system_prompt() == "You are a helpful assistant."
+    assert Think(agent="a", name="n").get_system_prompt() is None
+
+
+def test_completion_kwargs(settings: Any) -> None:
+    settings.THINK = {"MODEL": "openai/gpt-test"}
+    assert Think(agent="a", name="n").completion_kwargs() == {"model": "openai/gpt-test"}
+
+    class DictModel(Think):
+        def get_model(self) -> Any:
+            return {"model": "m", "api_base": "http://x"}
+
+    assert DictModel(agent="a", name="n").completion_kwargs() == {"model": "m", "api_base": "http://x"}
+
+    class BadModel(Think):
+        def get_model(self) -> Any:
+            return {"api_base": "http://x"}
+
+    with pytest.raises(TypeError, match="BadModel.get_model"):
+        BadModel(agent="a", name="n").completion_kwargs()
