@@ -185,8 +185,15 @@ class TurnRunner:
         assert self.writer is not None
         self.accumulator.apply(chunk)
         if self.writer.add(chunk):
-            # Shielded so that a cancel arriving mid-write cannot leave a committed segment unpublished.
-            await asyncio.shield(self.writer.flush())
+            await self._flush_shielded()
+
+    async def _flush_shielded(self) -> None:
+        """Flush so that a cancel arriving mid-write cannot leave a committed segment unpublished."""
+        assert self.writer is not None
+        task = asyncio.ensure_future(self.writer.flush())
+        # If we are cancelled while it runs, its outcome (maybe LeaseLost) is still consumed.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await asyncio.shield(task)
 
     async def _guard(self, producer: asyncio.Task[None]) -> None:
         """Timed flushes, lease heartbeats and cancel checks while the producer runs."""
@@ -197,7 +204,7 @@ class TurnRunner:
             await asyncio.sleep(flush_interval / 2)
             try:
                 if self.writer.flush_due:
-                    await asyncio.shield(self.writer.flush())
+                    await self._flush_shielded()
                 if time.monotonic() - self.writer.last_write >= heartbeat_interval:
                     beat = await db(fiber_heartbeat, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing)
                     self.writer.last_write = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis
@@ -42,8 +43,10 @@ class RecoveryProbe(Think):
             "incident_id": ctx.incident_id,
         }
         probe_redis().rpush(probe_key("recovery", self.name), json.dumps(seen))
+        # A turn created more than an hour ago is stale: keep its partial, run nothing.
+        stale = "stale" in self.name and time.time() * 1000 - ctx.created_at > 3_600_000
         return ChatRecoveryOptions(
-            persist="nopersist" not in self.name, continue_="nocontinue" not in self.name
+            persist="nopersist" not in self.name, continue_="nocontinue" not in self.name and not stale
         )
 
 

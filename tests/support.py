@@ -66,7 +66,14 @@ class Proc:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(10)
 
+    def signal(self, sig: int) -> None:
+        """Send a signal to the process group without waiting (SIGSTOP, SIGCONT, SIGTERM)."""
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+
     def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.signal(signal.SIGCONT)
         self.kill(signal.SIGTERM)
         self.kill(signal.SIGKILL)
 

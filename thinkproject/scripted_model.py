@@ -32,7 +32,9 @@ but the stop chunk if already at N); text replies skip the words already sent.
 Any request with messages after the prompt (a continuation or a tool-result follow-up) does NOT re-apply
 ``[stall ...]``, ``[fail ...]`` or ``[overflow]``, unless the directive ends with ``always``:
 ``[stall after K always]`` stalls every continuation after K *more* chunks, and likewise
-``[fail after K with STATUS always]`` and ``[overflow always]``.
+``[fail after K with STATUS always]`` and ``[overflow always]``. The suffix ``once`` (``[stall after
+K once]``) fires the fault only on the first request carrying that exact prompt, so a retry of the same
+user turn goes through.
 
 Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
 ``completion_tokens`` = number of content chunks. The usage chunk (``choices: []``) is sent when the
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -79,9 +82,9 @@ Json = dict[str, Any]
 
 _COUNT_RE = re.compile(r"\bcount to\s+(\d+)", re.IGNORECASE)
 _RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
-_STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always)?\s*\]", re.IGNORECASE)
-_FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always)?\s*\]", re.IGNORECASE)
-_OVERFLOW_RE = re.compile(r"\[overflow(\s+always)?\s*\]", re.IGNORECASE)
+_STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
 _INT_RE = re.compile(r"\d+")
 _WORD_RE = re.compile(r"\s*\S+")
@@ -96,6 +99,7 @@ class ServerState:
     in_flight: int = 0
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    prompts: set[str] = field(default_factory=set)
 
 
 STATE_KEY = web.AppKey("scripted_model_state", ServerState)
@@ -110,10 +114,14 @@ class Fault:
     after: int
     always: bool
     status: int = 0
+    once: bool = False  # only the first request that carries this prompt (not its retries)
 
     def __str__(self) -> str:
         return (
-            f"after {self.after}" + (f" with {self.status}" if self.status else "") + " always" * self.always
+            f"after {self.after}"
+            + (f" with {self.status}" if self.status else "")
+            + " always" * self.always
+            + " once" * self.once
         )
 
 
@@ -140,9 +148,14 @@ class Plan:
     finish_reason: str
     directives: Directives
     follow_up: bool
+    repeat: bool = False  # this prompt was seen before (a retry of the same turn)
 
     def active(self, fault: Fault | None) -> Fault | None:
-        return fault if fault is not None and (fault.always or not self.follow_up) else None
+        if fault is None:
+            return None
+        if fault.always:
+            return fault
+        return fault if not self.follow_up and not (fault.once and self.repeat) else None
 
     def fires(self, fault: Fault | None, sent: int) -> bool:
         fault = self.active(fault)
@@ -159,6 +172,11 @@ def message_text(message: Json) -> str:
     return ""
 
 
+def _make_fault(after: int, mode: str | None, status: int = 0) -> Fault:
+    mode = (mode or "").strip().lower()
+    return Fault(after, mode == "always", status, once=mode == "once")
+
+
 def parse_directives(text: str) -> Directives:
     """The directives of a prompt (see the module docstring)."""
     count, rate, stall = _COUNT_RE.search(text), _RATE_RE.search(text), _STALL_RE.search(text)
@@ -166,9 +184,9 @@ def parse_directives(text: str) -> Directives:
     return Directives(
         int(count.group(1)) if count else None,
         float(rate.group(1)) if rate else None,
-        Fault(int(stall.group(1)), bool(stall.group(2))) if stall else None,
-        Fault(int(fail.group(1)), bool(fail.group(3)), int(fail.group(2))) if fail else None,
-        Fault(0, bool(overflow.group(1))) if overflow else None,
+        _make_fault(int(stall.group(1)), stall.group(2)) if stall else None,
+        _make_fault(int(fail.group(1)), fail.group(3), int(fail.group(2))) if fail else None,
+        _make_fault(0, overflow.group(1)) if overflow else None,
         *_parse_tool(text),
     )
 
@@ -411,7 +429,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except BadRequestError as exc:
         log.info("%s %s rejected: %s", request.method, request.path, exc)
         return _error_response(400, error_body(str(exc), "invalid_request_error", None))
-    request.app[STATE_KEY].requests.append(body)
+    state = request.app[STATE_KEY]
+    state.requests.append(body)
+    prompt = json.dumps(messages[_prompt_index(messages)] if messages else None, sort_keys=True)
+    if not plan.follow_up:
+        plan = dataclasses.replace(plan, repeat=prompt in state.prompts)
+        state.prompts.add(prompt)
     stream, summary = bool(body.get("stream")), plan.directives.summary()
     log.info(
         "%s %s stream=%s follow_up=%s directives: %s",

@@ -51,8 +51,9 @@ def test_agent_class_default_registry() -> None:
     assert agent_class("assistant") is Assistant
 
 
-def test_agent_names() -> None:
-    assert agent_names() == ["assistant"]
+def test_agent_names(settings: Any) -> None:
+    settings.THINK = {"AGENTS": {"assistant": "chat.agents.Assistant", "helper": "chat.agents.Assistant"}}
+    assert agent_names() == ["assistant", "helper"]
 
 
 @pytest.mark.parametrize("name", ["nope", "Assistant", "assistant-", "", "chat.agents.Assistant"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import signal
 import uuid
 from typing import Any
@@ -9,13 +12,15 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from recovery.models import Fiber, Incident
+from recovery.models import Fiber, Incident, Segment, Stream
+from tests.agents import probe_key, probe_redis
 from tests.support import (
     ChatClient,
     ConversationLog,
     chat_request,
     follow_conversation,
     user_message,
+    wait_until,
     worker_children,
 )
 
@@ -149,3 +154,298 @@ async def test_repeated_kills_of_the_same_turn(recovery_stack: Any) -> None:
     transcript = await sync_to_async(stored_transcript)(name)
     assert assistant_text(transcript) == numbers(90)
     worker.stop()
+
+
+def make_interrupted_turn(
+    *,
+    name: str,
+    agent: str,
+    text: str,
+    chunks: list[dict[str, Any]] | None = None,
+    age_s: float = 0,
+) -> tuple[str, str]:
+    """A turn whose worker died after claiming it: a running fiber with an expired lease (and, with chunks,
+    an open stream holding them). Returns (request id, user message id)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from chat.models import Conversation, Message
+    from chat.services import turn_snapshot
+
+    conversation, _ = Conversation.objects.get_or_create(agent=agent, name=name)
+    user_id = f"u-{uuid.uuid4().hex[:8]}"
+    Message.objects.create(
+        conversation=conversation,
+        message_id=user_id,
+        role="user",
+        parts=[{"type": "text", "text": text}],
+        position=0,
+    )
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    snapshot = turn_snapshot(conversation=conversation, request_id=request_id, continuation=False)
+    fiber = Fiber.objects.create(
+        conversation=conversation,
+        request_id=request_id,
+        status=Fiber.Status.RUNNING,
+        snapshot=snapshot,
+        fencing=1,
+        lease_owner="dead-worker",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    if age_s:
+        Fiber.objects.filter(pk=fiber.pk).update(created_at=timezone.now() - timedelta(seconds=age_s))
+    if chunks is not None:
+        stream = Stream.objects.create(
+            conversation=conversation, fiber=fiber, request_id=request_id, message_id=f"a-{request_id}"
+        )
+        if chunks:
+            Segment.objects.create(
+                stream=stream,
+                seq_start=0,
+                seq_end=len(chunks) - 1,
+                fencing=1,
+                body="\n".join(json.dumps(c, separators=(",", ":")) for c in chunks),
+            )
+    return request_id, user_id
+
+
+async def wait_fiber(request_id: str, status: str, timeout: float = 30) -> Fiber:
+    for _ in range(int(timeout * 10)):
+        fiber = await Fiber.objects.filter(request_id=request_id).afirst()
+        if fiber is not None and fiber.status == status:
+            return fiber
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"fiber {request_id} never reached {status}")
+
+
+async def transcript_when(name: str, predicate: Any, timeout: float = 40) -> list[dict[str, Any]]:
+    for _ in range(int(timeout * 10)):
+        transcript = await sync_to_async(stored_transcript)(name)
+        if predicate(transcript):
+            return transcript
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"transcript of {name} never matched: {transcript}")
+
+
+def recovery_contexts(name: str) -> list[dict[str, Any]]:
+    return [json.loads(v) for v in probe_redis().lrange(probe_key("recovery", name), 0, -1)]
+
+
+async def test_pre_stream_interruption_is_retried_without_duplicating_the_user_message(
+    recovery_stack: Any,
+) -> None:
+    recovery_stack.start_worker()
+    name = new_name("pre")
+    request_id, user_id = await sync_to_async(make_interrupted_turn)(
+        name=name, agent="recovery-probe", text="count to 8"
+    )
+    transcript = await transcript_when(name, lambda t: len(t) == 2 and assistant_text(t) == numbers(8))
+    assert [m["id"] for m in transcript][0] == user_id
+    assert [m["role"] for m in transcript] == ["user", "assistant"], "the user message is not added again"
+    (seen,) = recovery_contexts(name)
+    assert seen["kind"] == "retry" and seen["stream_id"] == "" and seen["attempt"] == 1
+    assert seen["incident_id"] == f"{request_id}:{user_id}"
+    retry = await Fiber.objects.filter(conversation__name=name, kind=Fiber.Kind.RETRY).afirst()
+    assert retry is not None and retry.status == Fiber.Status.COMPLETED
+    assert retry.snapshot["chat"]["recoveryRootRequestId"] == request_id
+
+
+async def test_an_opened_but_empty_stream_is_retried_not_dropped(recovery_stack: Any) -> None:
+    worker = recovery_stack.start_worker()
+    name = new_name("empty")
+    async with ChatClient(recovery_stack.port, name, agent="recovery-probe") as client:
+        request_id = await start_turn(client, "count to 12 [stall after 0 once]")
+        log = await follow_conversation(
+            client, until=chunks_of(request_id, 2), timeout=30
+        )  # start, start-step
+        await asyncio.sleep(0.5)
+        worker.kill(signal.SIGKILL)
+        recovery_stack.start_worker()
+        await follow_conversation(client, log, timeout=60)
+    assert_clean_client_view(log, numbers(12))
+    (seen,) = recovery_contexts(name)
+    assert seen["kind"] == "retry" and seen["stream_id"] != "" and seen["partial_text"] == ""
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+
+
+async def test_continue_false_keeps_the_partial_and_ends_with_an_error(recovery_stack: Any) -> None:
+    worker = recovery_stack.start_worker()
+    name = new_name("nocontinue")
+    async with ChatClient(recovery_stack.port, name, agent="recovery-probe") as client:
+        request_id = await start_turn(client, "count to 200 [rate 25]")
+        log = await follow_conversation(client, until=chunks_of(request_id, 10), timeout=30)
+        worker.kill(signal.SIGKILL)
+        recovery_stack.start_worker()
+        await follow_conversation(client, log, timeout=60)
+    stream = log.streams[request_id]
+    assert log.order == [request_id], "nothing runs after a declined recovery"
+    assert stream.done is not None and stream.done.get("error")
+    assert "declined" in stream.done["body"]
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert assistant_text(transcript) == stream.text and numbers(200).startswith(stream.text)
+    incident = await Incident.objects.aget(conversation__name=name)
+    assert incident.status == "skipped" and incident.reason == "continue_disabled"
+    async with ChatClient(recovery_stack.port, name, agent="recovery-probe") as later:
+        await later.send({"type": "cf_agent_stream_resume_request", "probeId": "late"})
+        resuming = await later.recv_type("cf_agent_stream_resuming")
+        assert resuming["id"] == request_id
+        await later.send({"type": "cf_agent_stream_resume_ack", "id": request_id})
+        replay = await later.follow(request_id, timeout=10)
+    assert replay.errors and "declined" in replay.errors[-1], "a late client learns of the terminal outcome"
+
+
+TOOL_PARTIAL = [
+    {"type": "start", "messageId": "ignored"},
+    {"type": "start-step"},
+    {"type": "tool-input-start", "toolCallId": "call-1", "toolName": "charge_card"},
+    {
+        "type": "tool-input-available",
+        "toolCallId": "call-1",
+        "toolName": "charge_card",
+        "input": {"cents": 500},
+    },
+    {"type": "tool-output-available", "toolCallId": "call-1", "output": {"charged": True}},
+    {"type": "finish-step"},
+    {"type": "start-step"},
+    {"type": "text-start", "id": "t1"},
+    {"type": "text-delta", "id": "t1", "delta": "Your card was"},
+]
+
+
+async def test_persist_false_still_keeps_settled_tool_results(recovery_stack: Any) -> None:
+    recovery_stack.start_worker()
+    name = new_name("nopersist-nocontinue")
+    await sync_to_async(make_interrupted_turn)(
+        name=name, agent="recovery-probe", text="pay", chunks=TOOL_PARTIAL
+    )
+    transcript = await transcript_when(name, lambda t: len(t) == 2)
+    tool = [p for p in transcript[1]["parts"] if p["type"] == "tool-charge_card"]
+    assert tool == [
+        {
+            "type": "tool-charge_card",
+            "toolCallId": "call-1",
+            "state": "output-available",
+            "input": {"cents": 500},
+            "output": {"charged": True},
+        }
+    ]
+
+
+async def test_persist_false_drops_a_text_only_partial(recovery_stack: Any) -> None:
+    recovery_stack.start_worker()
+    name = new_name("nopersist-nocontinue")
+    chunks = [
+        {"type": "start"},
+        {"type": "start-step"},
+        {"type": "text-start", "id": "t"},
+        {"type": "text-delta", "id": "t", "delta": "1 2 3"},
+    ]
+    request_id, _ = await sync_to_async(make_interrupted_turn)(
+        name=name, agent="recovery-probe", text="count to 9", chunks=chunks
+    )
+    await wait_fiber(request_id, Fiber.Status.RECOVERED)
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert [m["role"] for m in transcript] == ["user"]
+    (seen,) = recovery_contexts(name)
+    assert seen["partial_text"] == "1 2 3" and seen["kind"] == "continue"
+
+
+async def test_hook_sees_created_at_and_can_skip_a_stale_turn(recovery_stack: Any) -> None:
+    recovery_stack.start_worker()
+    name = new_name("stale")
+    request_id, _ = await sync_to_async(make_interrupted_turn)(
+        name=name, agent="recovery-probe", text="count to 5", age_s=7200
+    )
+    fiber = await wait_fiber(request_id, Fiber.Status.RECOVERED)
+    (seen,) = recovery_contexts(name)
+    assert seen["created_at"] == int(fiber.created_at.timestamp() * 1000)
+    assert await Fiber.objects.filter(conversation__name=name).acount() == 1, "a stale turn is not re-run"
+    incident = await Incident.objects.aget(conversation__name=name)
+    assert incident.status == "skipped" and incident.reason == "continue_disabled"
+
+
+async def test_a_model_that_always_stalls_ends_with_the_terminal_message(recovery_stack: Any) -> None:
+    recovery_stack.start_worker()
+    name = new_name("stall")
+    terminal = "Sorry: the model kept stalling."
+    async with ChatClient(recovery_stack.port, name, agent="stalling-agent") as client:
+        request_id = await start_turn(client, "count to 30 [stall after 0 always]")
+        log = await follow_conversation(client, timeout=90)
+    errors = [e for r in log.order for e in log.streams[r].errors]
+    assert errors == [terminal], "the connected client gets the terminal message once"
+    await asyncio.sleep(2)  # nothing may fire a second give-up
+    exhausted = [json.loads(v) for v in probe_redis().lrange(probe_key("exhausted", request_id), 0, -1)]
+    assert len(exhausted) == 1, "on_exhausted is called exactly once"
+    assert exhausted[0]["reason"] == "no_progress_timeout"
+    incident = await Incident.objects.aget(conversation__name=name)
+    assert incident.status == "exhausted" and incident.reason == "no_progress_timeout"
+    transcript = await sync_to_async(stored_transcript_of)("stalling-agent", name)
+    assert [m["role"] for m in transcript] == ["user"], (
+        "the terminal message is never written into the transcript"
+    )
+    async with ChatClient(recovery_stack.port, name, agent="stalling-agent") as later:
+        await later.send({"type": "cf_agent_stream_resume_request", "probeId": "after"})
+        resuming = await later.recv_type("cf_agent_stream_resuming")
+        await later.send({"type": "cf_agent_stream_resume_ack", "id": resuming["id"]})
+        replay = await later.follow(resuming["id"], timeout=10)
+    assert replay.errors == [terminal], (
+        "a client that connects afterwards gets it through the resume handshake"
+    )
+
+
+def stored_transcript_of(agent: str, name: str) -> list[dict[str, Any]]:
+    from chat.selectors import conversation_get, messages_list
+
+    conversation = conversation_get(agent=agent, name=name)
+    assert conversation is not None
+    return messages_list(conversation_id=conversation.pk)
+
+
+async def test_a_frozen_worker_cannot_write_after_its_lease_moved_on(recovery_stack: Any) -> None:
+    zombie = recovery_stack.start_worker()
+    name = new_name("zombie")
+    async with ChatClient(recovery_stack.port, name) as client:
+        request_id = await start_turn(client, "count to 50 [rate 25]")
+        log = await follow_conversation(client, until=chunks_of(request_id, 10), timeout=30)
+        zombie.signal(signal.SIGSTOP)
+        recovery_stack.start_worker()
+        await follow_conversation(client, log, timeout=60)
+        segments = await Segment.objects.filter(stream__request_id=request_id).acount()
+        zombie.signal(signal.SIGCONT)  # it wakes up believing it still owns the turn
+        late: list[dict[str, Any]] = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                frame = await client.recv(timeout=5)
+                if frame.get("type") == "cf_agent_use_chat_response" and frame.get("id") == request_id:
+                    late.append(frame)
+    assert late == [], "a fenced-out worker sends no frames"
+    assert await Segment.objects.filter(stream__request_id=request_id).acount() == segments, (
+        "and writes no chunks"
+    )
+    fiber = await Fiber.objects.aget(request_id=request_id)
+    assert fiber.status == Fiber.Status.RECOVERED and fiber.fencing == 2
+    assert_clean_client_view(log, numbers(50))
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert assistant_text(transcript) == numbers(50), "and cannot finish the message"
+    assert "lease" in zombie.log() and "lost" in zombie.log()
+
+
+async def test_worker_shutdown_hands_the_turn_to_recovery_at_once(recovery_stack: Any) -> None:
+    worker = recovery_stack.start_worker()
+    name = new_name("deploy")
+    async with ChatClient(recovery_stack.port, name) as client:
+        request_id = await start_turn(client, "count to 80 [rate 15]")
+        log = await follow_conversation(client, until=chunks_of(request_id, 10), timeout=30)
+        worker.signal(signal.SIGTERM)  # a deploy: warm shutdown
+        wait_until(lambda: worker.popen.poll() is not None, 15, "the old worker to exit")
+        fiber = await Fiber.objects.aget(request_id=request_id)
+        # Released, not left to expire: the lease ended before its TTL could have run out.
+        assert fiber.lease_expires_at is not None and fiber.lease_expires_at < fiber.heartbeat_at
+        recovery_stack.start_worker()
+        await follow_conversation(client, log, timeout=60)
+    assert "handed to recovery" in worker.log()
+    assert_clean_client_view(log, numbers(80))
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert assistant_text(transcript) == numbers(80)
