@@ -6,6 +6,7 @@ all live in the database.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +30,15 @@ def connect_state(*, conversation_id: int) -> ConnectState:
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
         return ConnectState(stream.request_id, None, [], None)
+    from recovery.recovery_state import recovering_flag_active
+
     conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
+    fresh = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
     return ConnectState(
         None,
         pending_turn_request_id(conversation_id=conversation_id),
         messages_list(conversation_id=conversation_id),
-        conversation.recovering,
+        conversation.recovering if fresh else None,
     )
 
 

@@ -168,6 +168,9 @@ def turn_start_recovered(
         wanted = Message.Role.ASSISTANT if kind == Fiber.Kind.CONTINUE else Message.Role.USER
         if leaf is None or leaf.role != wanted:
             return TurnStart("", "skipped")
+        if Fiber.objects.filter(conversation=conversation).active().exists():
+            # Another turn was accepted meanwhile (or a second copy of this alarm already started one).
+            return TurnStart("", "skipped")
         if last_body is not None or last_client_tools is not None:
             conversation.last_body = last_body if last_body is not None else conversation.last_body
             conversation.last_client_tools = (

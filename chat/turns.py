@@ -91,6 +91,7 @@ class TurnRunner:
         self.writer: StreamWriter | None = None
         self.stream_id: Any = None
         self.stop_reason: str | None = None  # "cancel" or "lease"
+        self.outcome = "interrupted"  # until the turn finishes
         self.log_extra = {"conversation_id": claim.conversation_id, "request_id": claim.request_id}
 
     async def run(self) -> None:
@@ -118,7 +119,31 @@ class TurnRunner:
             publish=self._publish_frames,
         )
         await broadcast.publish_stream_started(self.conversation_id, self.request_id)
+        self.agent = agent
+        started = time.monotonic()
+        self._emit_event(
+            "fiber:run:started", {"fiberId": str(self.claim.fiber_id), "fiberName": self.fiber_name}
+        )
+        self._emit_event(
+            "chat:turn:start",
+            {"requestId": self.request_id, "trigger": self.claim.kind, "continuation": self.continuation},
+        )
         await self._supervise(agent, messages)
+        self._emit_event(
+            "chat:turn:finish",
+            {
+                "requestId": self.request_id,
+                "status": self.outcome,
+                "durationMs": int((time.monotonic() - started) * 1000),
+            },
+        )
+
+    @property
+    def fiber_name(self) -> str:
+        return f"__think_chat_turn:{self.request_id}"
+
+    def _emit_event(self, event_type: str, payload: dict[str, Any]) -> None:
+        diagnostics.emit(event_type, payload, agent=self.agent.agent, name=self.agent.name)
 
     async def _publish_frames(self, frames: list[tuple[int, str]]) -> None:
         await broadcast.publish_frames(self.conversation_id, self.request_id, frames)
@@ -256,6 +281,9 @@ class TurnRunner:
             )
         messages = await db(messages_list, conversation_id=self.conversation_id)
         await broadcast.publish(self.conversation_id, chat_messages_frame(messages))
+        self.outcome = wire_outcome
+        event = "fiber:run:completed" if wire_outcome != "error" else "fiber:run:failed"
+        self._emit_event(event, {"fiberId": str(self.claim.fiber_id), "fiberName": self.fiber_name})
         seq = self.writer.next_seq
         done = response_frame(
             self.request_id,

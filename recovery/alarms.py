@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 from .models import Alarm
 
 # An alarm claimed by a worker that died is fired again after this long.
-ALARM_CLAIM_TTL = timedelta(seconds=60)
+ALARM_CLAIM_TTL = timedelta(seconds=30)
 
 
 def _key(conversation_id: int, callback: str, payload: dict[str, Any]) -> str:
@@ -61,6 +61,15 @@ def alarms_claim_due(*, limit: int) -> list[int]:
         status=Alarm.Status.RUNNING, claimed_at=Now(), attempts=F("attempts") + 1
     )
     return ids
+
+
+def alarm_claim(*, alarm_id: int) -> bool:
+    """Claim one due alarm now (the engine fires a zero-delay alarm without waiting for the next tick)."""
+    return bool(
+        Alarm.objects.filter(pk=alarm_id, status=Alarm.Status.PENDING, due_at__lte=Now()).update(
+            status=Alarm.Status.RUNNING, claimed_at=Now(), attempts=F("attempts") + 1
+        )
+    )
 
 
 def alarm_done(*, alarm_id: int) -> None:

@@ -22,7 +22,7 @@ from .models import Fiber
 logger = logging.getLogger(__name__)
 
 # How long the engine may take to handle an interrupted fiber before another tick tries again.
-HANDLING_TTL = timedelta(seconds=60)
+HANDLING_TTL = timedelta(seconds=15)
 RECOVERY_OWNER = "recovery"
 
 

@@ -7,6 +7,7 @@ worker's event loop; database work hops to the DB threads.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import time
@@ -18,7 +19,7 @@ from chat.agents import Think, agent_for
 from chat.protocol import chat_messages_frame, recovering_frame, response_frame
 
 from . import diagnostics
-from .alarms import alarm_schedule
+from .alarms import alarm_claim, alarm_schedule
 from .context import ChatRecoveryContext, ChatRecoveryOptions
 from .incident_store import incident_begin, incident_save, incident_set_status
 from .incidents import (
@@ -92,7 +93,14 @@ async def recover_fiber(fiber_id: Any) -> None:
     if recovery is None:
         return
     target = recovery.target
-    recovery.emit("fiber:recovery:detected", {"fiberId": str(fiber_id), "requestId": target.request_id})
+    fiber_event = {
+        "fiberId": str(fiber_id),
+        "fiberName": f"__think_chat_turn:{target.request_id}",
+        "requestId": target.request_id,
+        "recoveryReason": "interrupted",
+    }
+    recovery.emit("fiber:run:interrupted", fiber_event)
+    recovery.emit("fiber:recovery:detected", fiber_event)
     awaiting = await db(recovery.agent.has_pending_interaction)
     evaluation = await db(
         incident_begin,
@@ -123,7 +131,7 @@ async def recover_fiber(fiber_id: Any) -> None:
     else:
         await _recover(recovery, incident)
     await db(fiber_mark_recovered, fiber_id=fiber_id)
-    recovery.emit("fiber:recovery:handled", {"fiberId": str(fiber_id), "requestId": target.request_id})
+    recovery.emit("fiber:recovery:handled", {**fiber_event, "status": "internal"})
 
 
 def _context(recovery: Recovery, incident: Incident) -> ChatRecoveryContext:
@@ -137,9 +145,10 @@ def _context(recovery: Recovery, incident: Incident) -> ChatRecoveryContext:
         stream_id=str(target.stream.pk) if target.stream is not None else "",
         request_id=target.request_id,
         partial_text=target.partial.text,
-        partial_parts=target.partial.parts,
+        # Copies: a hook that edits what it is given must not change what the engine persists.
+        partial_parts=copy.deepcopy(target.partial.parts),
         recovery_data=target.recovery_data,
-        messages=target.messages,
+        messages=copy.deepcopy(target.messages),
         last_body=target.last_body,
         last_client_tools=target.last_client_tools,
         created_at=target.created_at_ms,
@@ -260,13 +269,18 @@ async def schedule_recovery(
     )
     await _set_recovering(conversation_id, recovery.target.root_request_id)
     recovery.emit("chat:recovery:scheduled", _event_payload(incident))
-    await db(
+    alarm = await db(
         alarm_schedule,
         conversation_id=conversation_id,
         callback=callback,
         payload=data,
         idempotent=schedule_is_idempotent(SCHEDULE_INITIAL),
     )
+    # The alarm is due now: fire it at once rather than on the next tick (the row stays the durable copy).
+    if await db(alarm_claim, alarm_id=alarm.pk):
+        from .tasks import fire_alarm
+
+        fire_alarm.delay(alarm.pk)
 
 
 async def _terminal(recovery: Recovery, request_id: str, body: str, *, broadcast_error: bool = True) -> None:

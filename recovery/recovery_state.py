@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from chat.models import Conversation
 from chat.selectors import messages_list
 from chat.services import message_upsert
 
+from .incidents import RECOVERING_FLAG_TTL_MS
 from .models import Fiber, Stream
 from .stream import stream_chunks, stream_close
 
@@ -146,13 +148,19 @@ def fiber_mark_recovered(*, fiber_id: Any) -> None:
     )
 
 
+def recovering_flag_active(flag: Any, *, now_ms: int) -> bool:
+    """A recovering flag older than RECOVERING_FLAG_TTL_MS is treated as absent (reference §9.3)."""
+    if not isinstance(flag, dict):
+        return False
+    at = flag.get("at")
+    return isinstance(at, int | float) and now_ms - at <= RECOVERING_FLAG_TTL_MS
+
+
 def conversation_set_recovering(*, conversation_id: int, request_id: str | None) -> bool:
     """Set or clear the recovering flag; True when that changed it."""
-    import time
-
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
-        active = conversation.recovering is not None
+        active = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
         if active == (request_id is not None):
             return False
         conversation.recovering = (

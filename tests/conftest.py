@@ -19,13 +19,11 @@ from thinkproject.scripted_model import ScriptedModelServer  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
-def clean_test_redis() -> None:
-    """The test Redis databases start empty: no queued turns or channel messages from earlier runs."""
-    for url in (
-        settings.CELERY_BROKER_URL,
-        settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"],
-    ):
-        redis.Redis.from_url(url).flushdb()
+def drop_run_queue() -> Iterator[None]:
+    """Each run has its own Celery queue and prefixes (tests/settings.py): nothing to wipe before, and
+    concurrent runs never see each other's work. The run's queue is removed when it ends."""
+    yield
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,60 @@
+"""Shared pieces of the benchmarks: a dedicated database, the real processes, progress lines."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/thinkproject_bench")
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "thinkproject.settings")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Keep the benchmark's queues and groups away from a dev stack on the same Redis.
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
+os.environ.setdefault("CHANNELS_REDIS_URL", "redis://127.0.0.1:6379/11")
+os.environ.setdefault("CACHE_REDIS_URL", "redis://127.0.0.1:6379/12")
+
+
+def setup_django() -> None:
+    import django
+
+    from thinkproject.bootstrap import ensure_database
+
+    ensure_database()
+    django.setup()
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: list[float]) -> str:
+    return (
+        f"n={len(values)} p50={percentile(values, 50):.2f} p95={percentile(values, 95):.2f} "
+        f"min={min(values):.2f} max={max(values):.2f} mean={statistics.fmean(values):.2f}"
+    )
+
+
+@contextmanager
+def log_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="thinkbench-") as path:
+        yield Path(path)
