@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 export LITELLM_LOCAL_MODEL_COST_MAP := True
+# The Procfile's commands (daphne, celery, python) come from the virtualenv.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install run test lint fmt pytest migrate services clean
 
