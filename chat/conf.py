@@ -16,6 +16,8 @@ DEFAULTS: dict[str, Any] = {
     # Stream buffer: flush at once on the first content, then every N chunks or T ms.
     "FLUSH_EVERY_CHUNKS": 10,
     "FLUSH_INTERVAL_MS": 100,
+    # Benchmarks only: False publishes frames without storing segments (no replay, no recovery).
+    "STREAM_PERSIST": True,
     # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
     "LEASE_TTL_S": 3.0,
     "HEARTBEAT_INTERVAL_S": 1.0,

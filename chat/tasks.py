@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import CancelledError
 
 from celery import shared_task
-from celery.signals import worker_process_init, worker_ready, worker_shutting_down
+from celery.signals import task_failure, worker_process_init, worker_ready, worker_shutting_down
 
 from recovery import runtime
 
@@ -17,7 +18,10 @@ def run_turn(fiber_id: str) -> None:
     """Run one turn. Safe to deliver twice: the fiber lease makes every delivery but one a no-op."""
     from .turns import turn_run
 
-    runtime.run(turn_run(fiber_id))
+    try:
+        runtime.run(turn_run(fiber_id))
+    except CancelledError:  # the worker is shutting down; the turn was handed to recovery
+        logger.warning("turn of fiber %s cancelled by worker shutdown", fiber_id)
 
 
 @worker_shutting_down.connect
@@ -37,3 +41,18 @@ def preload_litellm(**kwargs: object) -> None:
     from .llm import load_litellm
 
     load_litellm()
+
+
+@task_failure.connect
+def count_lost_workers(
+    sender: object = None, exception: BaseException | None = None, args: object = None, **kwargs: object
+) -> None:
+    """A pool child that dies mid-turn (SIGKILL, the OOM killer) counts against the OOM budget."""
+    from billiard.exceptions import WorkerLostError
+
+    from recovery.detection import fiber_mark_worker_lost
+
+    if getattr(sender, "name", None) != run_turn.name or not isinstance(exception, WorkerLostError):
+        return
+    if isinstance(args, list | tuple) and args:
+        fiber_mark_worker_lost(fiber_id=args[0])

@@ -161,7 +161,10 @@ class TurnRunner:
         except LeaseLost:
             self.stop_reason = "lease"
         except StreamStalled as stall:
-            await self._hand_to_recovery(stall)
+            await self._hand_to_recovery(stall, reason="stalled")
+            return
+        except MemoryError as exc:
+            await self._hand_to_recovery(exc, reason="out_of_memory")
             return
         except Exception as exc:
             error = exc
@@ -306,15 +309,15 @@ class TurnRunner:
             await db(fiber_release, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing)
         logger.warning("worker stopping mid-turn; the fiber is handed to recovery", extra=self.log_extra)
 
-    async def _hand_to_recovery(self, stall: StreamStalled) -> None:
-        """A stalled stream joins the same incident budget as a crash, through the same engine."""
+    async def _hand_to_recovery(self, cause: BaseException, *, reason: str) -> None:
+        """A stalled stream (or a turn out of memory) joins the same incident budget as a crash."""
         assert self.writer is not None
-        logger.warning("%s", stall, extra=self.log_extra)
+        logger.warning("%s", cause, extra=self.log_extra)
         try:
             await self.writer.flush()
         except LeaseLost:
             return
-        if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing):
+        if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing, reason=reason):
             from recovery.engine import recover_fiber
 
             await recover_fiber(self.claim.fiber_id)

@@ -52,15 +52,23 @@ def tick_claim(*, limit: int = 100) -> TickClaims:
         return TickClaims(fibers=_claim_interrupted(limit), alarms=alarms_claim_due(limit=limit))
 
 
-def fiber_interrupt(*, fiber_id: Any, fencing: int) -> bool:
+def fiber_interrupt(*, fiber_id: Any, fencing: int, reason: str = "") -> bool:
     """A worker hands its own fiber to recovery at once (stall, shutdown): fenced, so only the owner can."""
     return bool(
         Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
             status=Fiber.Status.INTERRUPTED,
+            interruption=reason,
             fencing=F("fencing") + 1,
             lease_owner=RECOVERY_OWNER,
             lease_expires_at=Now() + HANDLING_TTL,
         )
+    )
+
+
+def fiber_mark_worker_lost(*, fiber_id: Any) -> bool:
+    """Celery saw the pool child running this fiber die (SIGKILL, often the OOM killer)."""
+    return bool(
+        Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.RUNNING).update(interruption="worker_lost")
     )
 
 

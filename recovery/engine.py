@@ -11,7 +11,7 @@ import copy
 import inspect
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chat import broadcast
@@ -28,6 +28,7 @@ from .incidents import (
     Incident,
     exhausted_context,
     incident_id_for,
+    record_oom_and_decide,
     resolve_chat_recovery,
     schedule_is_idempotent,
 )
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"
+OOM_INTERRUPTIONS = frozenset({"worker_lost", "out_of_memory"})
 DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was declined."
 
 
@@ -125,13 +127,26 @@ async def recover_fiber(fiber_id: Any) -> None:
     if evaluation.opened:
         recovery.emit("chat:recovery:detected", _event_payload(incident))
     recovery.emit("chat:recovery:attempt", _event_payload(incident))
-    if evaluation.exhausted:
+    exhausted = evaluation.exhausted
+    if not exhausted and target.fiber.interruption in OOM_INTERRUPTIONS:
+        incident, exhausted = await _count_oom(recovery, incident)
+    if exhausted:
         await _persist_orphan(recovery, keep=True)
         await give_up(recovery, incident)
     else:
         await _recover(recovery, incident)
     await db(fiber_mark_recovered, fiber_id=fiber_id)
     recovery.emit("fiber:recovery:handled", {**fiber_event, "status": "internal"})
+
+
+async def _count_oom(recovery: Recovery, incident: Incident) -> tuple[Incident, bool]:
+    """A worker lost to memory spends the OOM budget (reference §7.5); past it, the turn is sealed."""
+    counted, exhausted = record_oom_and_decide(incident, config=recovery.config, now_ms=now_ms())
+    assert counted is not None
+    if exhausted:
+        counted = replace(counted, status="exhausted", reason="out_of_memory")
+    await db(incident_save, conversation_id=recovery.target.conversation.pk, incident=counted)
+    return counted, exhausted
 
 
 def _context(recovery: Recovery, incident: Incident) -> ChatRecoveryContext:
@@ -322,6 +337,4 @@ async def give_up(recovery: Recovery, incident: Incident) -> None:
 
 
 def _sealed(incident: Incident, reason: str | None) -> Incident:
-    from dataclasses import replace
-
     return replace(incident, status="exhausted", reason=reason or "max_attempts_exceeded")

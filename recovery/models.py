@@ -46,6 +46,9 @@ class Fiber(models.Model):
     fencing = models.BigIntegerField(default=0)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # Why the turn stopped, when its worker knew: "worker_lost" (a pool child killed, e.g. by the
+    # OOM killer), "out_of_memory", "stalled" or "shutdown". Empty for a silent death.
+    interruption = models.CharField(max_length=32, blank=True, default="")
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

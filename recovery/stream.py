@@ -160,6 +160,7 @@ class StreamWriter:
         self._lock = asyncio.Lock()
         self._flush_every = int(think_setting("FLUSH_EVERY_CHUNKS"))
         self._flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
+        self._persist = bool(think_setting("STREAM_PERSIST"))
 
     def add(self, chunk: dict[str, Any]) -> bool:
         """Buffer one chunk; True when it must be flushed now (first content, settled tool, full batch)."""
@@ -204,6 +205,9 @@ class StreamWriter:
                 return
             batch, credit = self._buffer, self._credit
             self._buffer, self._buffer_bytes, self._credit = [], 0, 0
+            if not self._persist:  # the benchmark baseline: same path, minus the segment write
+                await self.publish([(seq, frame) for seq, _, frame in batch])
+                return
             result = await db(
                 segment_append,
                 fiber_id=self.fiber_id,

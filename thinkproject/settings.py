@@ -158,6 +158,8 @@ THINK: dict[str, Any] = {
 }
 if os.environ.get("THINK_MODEL"):
     THINK["MODEL"] = os.environ["THINK_MODEL"]
+if os.environ.get("THINK_STREAM_PERSIST") == "0":  # benchmarks only: measures what durability costs
+    THINK["STREAM_PERSIST"] = False
 if os.environ.get("SCRIPTED_MODEL_URL"):
     THINK["SCRIPTED_MODEL_URL"] = os.environ["SCRIPTED_MODEL_URL"]
 

@@ -1122,6 +1122,10 @@ class OneShotProbe(EngineProbe):
     chat_recovery = ChatRecovery(max_attempts=1, terminal_message=TERMINAL, on_exhausted=record_exhausted)
 
 
+class NoOomProbe(EngineProbe):
+    chat_recovery = ChatRecovery(max_oom_retries=0, terminal_message=TERMINAL, on_exhausted=record_exhausted)
+
+
 class OneShotExplodingProbe(EngineProbe):
     chat_recovery = ChatRecovery(max_attempts=1, on_exhausted=explode_on_exhausted)
 
@@ -1135,6 +1139,7 @@ PROBES = {
     "parts-mutating-probe": PartsMutatingProbe,
     "one-shot-probe": OneShotProbe,
     "one-shot-exploding-probe": OneShotExplodingProbe,
+    "no-oom-probe": NoOomProbe,
 }
 
 engine_db = pytest.mark.django_db(transaction=True)
@@ -1556,3 +1561,49 @@ async def test_recover_fiber_ignores_a_fiber_that_is_not_interrupted(probes: Non
     state = await db(db_state, turn)
     assert (state.incidents, state.alarms, HOOK_CALLS) == ([], [], [])
     assert state.fiber.status == "running"
+
+
+def lose_worker(turn: Turn) -> None:
+    """What the task_failure handler records when Celery reports the pool child lost (SIGKILL/OOM)."""
+    Fiber.objects.filter(pk=turn.fiber_id).update(interruption="worker_lost")
+
+
+@engine_db
+async def test_a_lost_worker_spends_the_oom_budget_and_recovery_goes_on(probes: None) -> None:
+    turn = await db(interrupted_turn, agent="engine-probe", chunks=PARTIAL_TEXT)
+    await db(lose_worker, turn)
+
+    await recover_fiber(turn.fiber_id)
+
+    state = await db(db_state, turn)
+    assert state.incident.oom_attempts == 1 and state.incident.status == "scheduled"
+    assert len(state.alarms) == 1 and len(HOOK_CALLS) == 1
+
+
+@engine_db
+async def test_a_lost_worker_past_max_oom_retries_seals_the_turn_with_out_of_memory(probes: None) -> None:
+    turn = await db(interrupted_turn, agent="no-oom-probe", chunks=PARTIAL_TEXT)
+    await db(lose_worker, turn)
+
+    await recover_fiber(turn.fiber_id)
+
+    state = await db(db_state, turn)
+    assert (state.incident.status, state.incident.reason, state.incident.oom_attempts) == (
+        "exhausted",
+        "out_of_memory",
+        1,
+    )
+    assert state.alarms == [] and HOOK_CALLS == []
+    [ctx] = EXHAUSTED
+    assert ctx.reason == "out_of_memory"
+    assert state.conversation.last_terminal == {"requestId": turn.request_id, "body": TERMINAL}
+
+
+@engine_db
+async def test_a_silent_death_does_not_count_as_out_of_memory(probes: None) -> None:
+    turn = await db(interrupted_turn, agent="no-oom-probe", chunks=PARTIAL_TEXT)
+
+    await recover_fiber(turn.fiber_id)
+
+    state = await db(db_state, turn)
+    assert state.incident.oom_attempts == 0 and state.incident.status == "scheduled"
