@@ -91,9 +91,10 @@ async def measure(args: argparse.Namespace) -> None:
         try:
             await stack_turn(port, 50)  # warm-up (litellm import, connections)
             for n in range(1, args.rounds + 1):
-                before = pg_counters()
+                before = await asyncio.to_thread(pg_counters)
                 elapsed, frames = await stack_turn(port, args.chunks)
-                after = pg_counters()
+                await asyncio.sleep(1.2)  # let the other backends report their statistics
+                after = await asyncio.to_thread(pg_counters)
                 results["durable"].append(frames / elapsed)
                 rows_per_1000.append((after[1] - before[1]) * 1000 / frames)
                 commits_per_1000.append((after[0] - before[0]) * 1000 / frames)

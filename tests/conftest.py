@@ -23,7 +23,8 @@ def drop_run_queue() -> Iterator[None]:
     """Each run has its own Celery queue and prefixes (tests/settings.py): nothing to wipe before, and
     concurrent runs never see each other's work. The run's queue is removed when it ends."""
     yield
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue, f"{queue}-recovery")
 
 
 @pytest.fixture(scope="session")
@@ -91,8 +92,8 @@ def stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def recovery_stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
-    """daphne and beat for tests that start and kill their own workers."""
-    stack = Stack(stack_environment, log_dir)
+    """daphne and beat for tests that start and kill their own workers, on a queue of their own."""
+    stack = Stack({**stack_environment, "THINK_TEST_QUEUE_SUFFIX": "-recovery"}, log_dir)
     stack.start_beat()
     yield stack
     stack.stop()

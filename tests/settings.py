@@ -15,7 +15,8 @@ RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8])
 
 TEST_REDIS_BASE = os.environ.get("THINK_TEST_REDIS_URL", REDIS_URL.rsplit("/", 1)[0])
 CELERY_BROKER_URL = f"{TEST_REDIS_BASE}/14"
-CELERY_TASK_DEFAULT_QUEUE = f"thinktest-{RUN_ID}"
+# A stack of processes may ask for its own queue, so its workers never take another stack's turns.
+CELERY_TASK_DEFAULT_QUEUE = f"thinktest-{RUN_ID}{os.environ.get('THINK_TEST_QUEUE_SUFFIX', '')}"
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
