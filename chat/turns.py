@@ -226,10 +226,17 @@ class TurnRunner:
     async def _guard(self, producer: asyncio.Task[None]) -> None:
         """Timed flushes, lease heartbeats and cancel checks while the producer runs."""
         assert self.writer is not None
-        flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
         heartbeat_interval = float(think_setting("HEARTBEAT_INTERVAL_S"))
         while True:
-            await asyncio.sleep(flush_interval / 2)
+            # Sleep exactly until the oldest buffered chunk is due (or a heartbeat is), not by polling.
+            wait = self.writer.seconds_until_due()
+            if wait is None:
+                self.writer.buffered.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.writer.buffered.wait(), heartbeat_interval / 2)
+                wait = self.writer.seconds_until_due()
+            if wait:
+                await asyncio.sleep(min(wait, heartbeat_interval / 2))
             try:
                 if self.writer.flush_due:
                     await self._flush_shielded()

@@ -158,6 +158,7 @@ class StreamWriter:
         self._last_delta_credit = float("-inf")
         self._flushed_any = False
         self._lock = asyncio.Lock()
+        self.buffered = asyncio.Event()
         self._flush_every = int(think_setting("FLUSH_EVERY_CHUNKS"))
         self._flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
         self._persist = bool(think_setting("STREAM_PERSIST"))
@@ -176,6 +177,7 @@ class StreamWriter:
             body = encode_chunk({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
         if not self._buffer:
             self._buffered_since = time.monotonic()
+            self.buffered.set()  # wakes the turn's guard, which flushes this batch when it is due
         self._buffer.append((seq, body, frame))
         self._buffer_bytes += len(body)
         if chunk_type in SETTLED_TOOL_CHUNKS:
@@ -197,6 +199,12 @@ class StreamWriter:
     @property
     def flush_due(self) -> bool:
         return bool(self._buffer) and time.monotonic() - self._buffered_since >= self._flush_interval
+
+    def seconds_until_due(self) -> float | None:
+        """How long the oldest buffered chunk may still wait; None when nothing is buffered."""
+        if not self._buffer:
+            return None
+        return max(0.0, self._buffered_since + self._flush_interval - time.monotonic())
 
     async def flush(self) -> None:
         """Write the buffer as one segment, then publish its frames. Raises LeaseLost when fenced out."""

@@ -90,7 +90,9 @@ def stack_env(*, database_name: str, model_url: str) -> dict[str, str]:
     return env
 
 
-def start_worker(env: dict[str, str], log_dir: Path, *, name: str = "worker", pool: str = "threads") -> Proc:
+def start_worker(
+    env: dict[str, str], log_dir: Path, *, name: str = "worker", pool: str = "threads", concurrency: int = 8
+) -> Proc:
     args = [
         str(BIN / "celery"),
         "-A",
@@ -99,7 +101,7 @@ def start_worker(env: dict[str, str], log_dir: Path, *, name: str = "worker", po
         "--pool",
         pool,
         "--concurrency",
-        "8",
+        str(concurrency),
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",

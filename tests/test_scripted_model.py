@@ -438,3 +438,24 @@ async def test_models_and_healthz(server: ScriptedModelServer) -> None:
 
     assert [m["id"] for m in models["data"]] == ["scripted"]
     assert models["object"] == "list"
+
+
+async def test_once_fault_fires_only_on_the_first_request_with_that_prompt(
+    server: ScriptedModelServer,
+) -> None:
+    prompt = user("count to 4 [fail after 0 with 500 once] " + os.urandom(4).hex())
+    with pytest.raises(litellm.InternalServerError):
+        await stream(server, [prompt])
+    retried = await stream(server, [prompt])  # a retry of the same user turn goes through
+    assert "".join(retried.deltas) == "1 2 3 4"
+
+
+async def test_stamp_appends_the_send_time_to_each_delta(server: ScriptedModelServer) -> None:
+    import time
+
+    before = time.time()
+    result = await stream(server, [user("count to 3 [stamp]")])
+    after = time.time()
+    pieces = [delta.split("@") for delta in result.deltas]
+    assert [text for text, _ in pieces] == ["1", " 2", " 3"]
+    assert all(before <= float(stamp) <= after for _, stamp in pieces)

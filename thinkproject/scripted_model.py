@@ -34,7 +34,8 @@ Any request with messages after the prompt (a continuation or a tool-result foll
 ``[stall after K always]`` stalls every continuation after K *more* chunks, and likewise
 ``[fail after K with STATUS always]`` and ``[overflow always]``. The suffix ``once`` (``[stall after
 K once]``) fires the fault only on the first request carrying that exact prompt, so a retry of the same
-user turn goes through.
+user turn goes through. ``[stamp]`` appends ``@<unix time>`` to every content delta when it is sent, so a
+client on the same machine can measure model-to-client latency per chunk.
 
 Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
 ``completion_tokens`` = number of content chunks. The usage chunk (``choices: []``) is sent when the
@@ -85,6 +86,7 @@ _RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
 _STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
 _INT_RE = re.compile(r"\d+")
 _WORD_RE = re.compile(r"\s*\S+")
@@ -134,6 +136,7 @@ class Directives:
     overflow: Fault | None = None
     tool_name: str | None = None
     tool_arguments: str = "{}"
+    stamp: bool = False  # append "@<send time>" to each content delta (latency benchmarks)
 
     def summary(self) -> str:
         items = vars(self).items()
@@ -181,7 +184,7 @@ def parse_directives(text: str) -> Directives:
     """The directives of a prompt (see the module docstring)."""
     count, rate, stall = _COUNT_RE.search(text), _RATE_RE.search(text), _STALL_RE.search(text)
     fail, overflow = _FAIL_RE.search(text), _OVERFLOW_RE.search(text)
-    return Directives(
+    directives = Directives(
         int(count.group(1)) if count else None,
         float(rate.group(1)) if rate else None,
         _make_fault(int(stall.group(1)), stall.group(2)) if stall else None,
@@ -189,6 +192,7 @@ def parse_directives(text: str) -> Directives:
         _make_fault(0, overflow.group(1)) if overflow else None,
         *_parse_tool(text),
     )
+    return dataclasses.replace(directives, stamp=bool(_STAMP_RE.search(text)))
 
 
 def _parse_tool(text: str) -> tuple[str | None, str]:
@@ -362,7 +366,10 @@ async def _stream(request: web.Request, plan: Plan, reply: _Reply) -> web.Stream
             break
         if reply.rate > 0:
             await asyncio.sleep(1 / reply.rate)
-        await _send(response, reply.chunk(plan.deltas[sent]))
+        delta = plan.deltas[sent]
+        if plan.directives.stamp and delta.get("content"):
+            delta = {**delta, "content": f"{delta['content']}@{time.time():.4f}"}
+        await _send(response, reply.chunk(delta))
     await _send(response, reply.chunk({}, plan.finish_reason))
     if reply.include_usage:
         await _send(response, reply.envelope("chat.completion.chunk", choices=[], usage=reply.usage(sent)))
