@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from concurrent.futures import CancelledError
 
@@ -37,10 +38,14 @@ def hand_turns_to_recovery(**kwargs: object) -> None:
 @worker_ready.connect
 @worker_process_init.connect
 def preload_litellm(**kwargs: object) -> None:
-    """Pay litellm's import before the first turn, not during it."""
+    """Pay litellm's import before the first turn, not during it; SIGUSR1 logs every running coroutine."""
+    import signal
+
     from .llm import load_litellm
 
     load_litellm()
+    with contextlib.suppress(ValueError):  # only possible from the main thread
+        signal.signal(signal.SIGUSR1, lambda signum, frame: runtime.dump_tasks())
 
 
 @task_failure.connect

@@ -190,8 +190,8 @@ class TurnRunner:
         try:
             while True:
                 try:
-                    pending = events.__anext__()
-                    event = await (asyncio.wait_for(pending, stall_ms / 1000) if stall_ms > 0 else pending)
+                    async with asyncio.timeout(stall_ms / 1000 if stall_ms > 0 else None):
+                        event = await events.__anext__()
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
@@ -232,8 +232,10 @@ class TurnRunner:
             wait = self.writer.seconds_until_due()
             if wait is None:
                 self.writer.buffered.clear()
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancel that ends the guard.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.writer.buffered.wait(), heartbeat_interval / 2)
+                    async with asyncio.timeout(heartbeat_interval / 2):
+                        await self.writer.buffered.wait()
                 wait = self.writer.seconds_until_due()
             if wait:
                 await asyncio.sleep(min(wait, heartbeat_interval / 2))

@@ -83,3 +83,20 @@ async def db(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a synchronous database function on the DB thread pool."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, functools.partial(_with_reconnect, fn, *args, **kwargs))
+
+
+def dump_tasks() -> None:
+    """Log the stack of every coroutine on the process loop (SIGUSR1 in a worker; see chat.tasks)."""
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return
+
+    def dump() -> None:
+        import io
+
+        for task in asyncio.all_tasks(loop):
+            out = io.StringIO()
+            task.print_stack(file=out)
+            logger.warning("task %s:\n%s", task.get_name(), out.getvalue())
+
+    loop.call_soon_threadsafe(dump)

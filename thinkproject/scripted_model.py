@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -357,6 +358,9 @@ async def _fault(request: web.Request, response: web.StreamResponse, plan: Plan,
 async def _stream(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:  # one small write per chunk: without this, Nagle + delayed ACKs cap the rate
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     first: Json = {"role": "assistant", "content": "" if plan.finish_reason == "stop" else None}
     await _send(response, reply.chunk(first))
     for sent in range(len(plan.deltas) + 1):
