@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 
-from harness import ROOT, log_dir, percentile, progress, setup_django  # type: ignore[import-not-found]
+from harness import ROOT, log_dir, percentile, progress, scripted_model_process, setup_django  # type: ignore[import-not-found]
 
 
 async def one_turn(port: int, numbers: int, rate: float, latencies: list[float]) -> bool:
@@ -55,11 +55,10 @@ async def level(port: int, turns: int, numbers: int, rate: float) -> tuple[list[
 async def main(args: argparse.Namespace) -> None:
     setup_django()
     from tests.support import start_daphne, start_worker
-    from thinkproject.scripted_model import ScriptedModelServer
 
     rows = []
-    with log_dir() as logs, ScriptedModelServer(token_rate=args.rate) as model:
-        env = dict(os.environ, SCRIPTED_MODEL_URL=model.url, PYTHONPATH=str(ROOT))
+    with log_dir() as logs, scripted_model_process(logs, args.rate) as model_url:
+        env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
         daphne, port = start_daphne(env, logs)
         workers = []
         try:

@@ -58,3 +58,36 @@ def summary(values: list[float]) -> str:
 def log_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="thinkbench-") as path:
         yield Path(path)
+
+
+@contextmanager
+def scripted_model_process(logs: Path, token_rate: float) -> Iterator[str]:
+    """The scripted model in its own process (in a thread, it would share the GIL with the client)."""
+    from tests.support import Proc, free_port, wait_until
+
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "thinkproject.scripted_model",
+        "--port",
+        str(port),
+        "--token-rate",
+        str(token_rate),
+    ]
+    proc = Proc("model", args, dict(os.environ), logs / "model.log").start()
+    try:
+        wait_until(lambda: _up(port), 20, "the scripted model")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.stop()
+
+
+def _up(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+            return True
+    except OSError:
+        return False

@@ -18,7 +18,7 @@ import statistics
 import time
 import uuid
 
-from harness import ROOT, log_dir, progress, setup_django  # type: ignore[import-not-found]
+from harness import ROOT, log_dir, progress, scripted_model_process, setup_django  # type: ignore[import-not-found]
 
 
 def pg_counters() -> tuple[int, int]:
@@ -76,13 +76,12 @@ async def bare_litellm(model_url: str, chunks: int) -> tuple[float, int]:
 async def measure(args: argparse.Namespace) -> None:
     setup_django()
     from tests.support import start_daphne, start_worker
-    from thinkproject.scripted_model import ScriptedModelServer
 
     results: dict[str, list[float]] = {"durable": [], "persistence off": [], "bare litellm": []}
     rows_per_1000: list[float] = []
     commits_per_1000: list[float] = []
-    with log_dir() as logs, ScriptedModelServer(token_rate=0) as model:
-        env = dict(os.environ, SCRIPTED_MODEL_URL=model.url, PYTHONPATH=str(ROOT))
+    with log_dir() as logs, scripted_model_process(logs, 0) as model_url:
+        env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
         daphne, port = start_daphne(env, logs)
         workers = {
             "durable": start_worker(env, logs, name="tp-durable"),
@@ -98,7 +97,7 @@ async def measure(args: argparse.Namespace) -> None:
                 results["durable"].append(frames / elapsed)
                 rows_per_1000.append((after[1] - before[1]) * 1000 / frames)
                 commits_per_1000.append((after[0] - before[0]) * 1000 / frames)
-                elapsed, count = await bare_litellm(model.url, args.chunks)
+                elapsed, count = await bare_litellm(model_url, args.chunks)
                 results["bare litellm"].append(count / elapsed)
                 progress(f"round {n}/{args.rounds}: durable {results['durable'][-1]:.0f} chunks/s")
             workers["durable"].stop()  # type: ignore[union-attr]

@@ -35,8 +35,10 @@ _executor: ThreadPoolExecutor | None = None
 def _start() -> asyncio.AbstractEventLoop:
     global _loop, _executor
     loop = asyncio.new_event_loop()
+    # Database calls get threads of their own: litellm runs parts of every call in the loop's default
+    # executor, and sharing it made chunk flushes queue behind model calls (measured, see benchmarks).
     _executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="think-db")
-    loop.set_default_executor(_executor)
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="think-io"))
     thread = threading.Thread(target=loop.run_forever, name="think-loop", daemon=True)
     thread.start()
     _loop = loop
@@ -80,9 +82,10 @@ def _with_reconnect(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 async def db(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run a synchronous database function on the DB thread pool."""
+    """Run a synchronous database function on the DB thread pool (the loop's default one elsewhere)."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, functools.partial(_with_reconnect, fn, *args, **kwargs))
+    executor = _executor if loop is _loop else None
+    return await loop.run_in_executor(executor, functools.partial(_with_reconnect, fn, *args, **kwargs))
 
 
 def dump_tasks() -> None:
