@@ -213,22 +213,24 @@ class StreamWriter:
                 return
             batch, credit = self._buffer, self._credit
             self._buffer, self._buffer_bytes, self._credit = [], 0, 0
-            if not self._persist:  # the benchmark baseline: same path, minus the segment write
-                await self.publish([(seq, frame) for seq, _, frame in batch])
-                return
-            result = await db(
-                segment_append,
-                fiber_id=self.fiber_id,
-                fencing=self.fencing,
-                stream_id=self.stream_id,
-                seq_start=batch[0][0],
-                seq_end=batch[-1][0],
-                body="\n".join(b for _, b, _ in batch),
-                credit=credit,
-            )
-            if result is None:
-                raise LeaseLost(f"fiber {self.fiber_id} fencing {self.fencing}")
+            if self._persist:
+                await self._write(batch, credit)
             self._flushed_any = True
-            self.last_write = time.monotonic()
-            self.cancel_requested = self.cancel_requested or result.cancel_requested
             await self.publish([(seq, frame) for seq, _, frame in batch])
+
+    async def _write(self, batch: list[tuple[int, str, str]], credit: int) -> None:
+        """The segment write: one fenced statement that also renews the lease and credits progress."""
+        result = await db(
+            segment_append,
+            fiber_id=self.fiber_id,
+            fencing=self.fencing,
+            stream_id=self.stream_id,
+            seq_start=batch[0][0],
+            seq_end=batch[-1][0],
+            body="\n".join(b for _, b, _ in batch),
+            credit=credit,
+        )
+        if result is None:
+            raise LeaseLost(f"fiber {self.fiber_id} fencing {self.fencing}")
+        self.last_write = time.monotonic()
+        self.cancel_requested = self.cancel_requested or result.cancel_requested
