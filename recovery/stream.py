@@ -171,7 +171,8 @@ class StreamWriter:
         self.next_seq += 1
         self._credit += self._progress_credit(chunk_type)
         frame = chunk_frame(self._request_id_json, body, seq, continuation=self.continuation)
-        if len(body.encode()) > MAX_CHUNK_BYTES:
+        # Measuring bytes needs an encode: only do it for chunks that could be that large.
+        if len(body) * 4 > MAX_CHUNK_BYTES and len(body.encode()) > MAX_CHUNK_BYTES:
             # Too big to store: it still goes out live, but a replay will not have it.
             logger.warning("chunk %s of stream %s is too large to store", seq, self.stream_id)
             body = encode_chunk({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})

@@ -291,3 +291,19 @@ async def follow_conversation(
             if frame.get("done"):
                 stream.done = frame
     return log
+
+
+def numbers(n: int, start: int = 1) -> str:
+    """What the scripted model says for `count to n`."""
+    return " ".join(str(i) for i in range(start, n + 1))
+
+
+def assistant_text(messages: list[dict[str, Any]]) -> str:
+    """The concatenated text of every assistant message of a transcript."""
+    return "".join(
+        p.get("text", "")
+        for m in messages
+        if m["role"] == "assistant"
+        for p in m["parts"]
+        if p["type"] == "text"
+    )

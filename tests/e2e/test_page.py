@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import assistant_text
+
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -45,16 +47,6 @@ def browser() -> Iterator[Any]:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield browser
         browser.close()
-
-
-def assistant_text(messages: list[dict[str, Any]]) -> str:
-    return "".join(
-        p.get("text", "")
-        for m in messages
-        if m["role"] == "assistant"
-        for p in m["parts"]
-        if p["type"] == "text"
-    )
 
 
 def open_page(browser: Any, port: int, name: str) -> Any:

@@ -17,8 +17,10 @@ from tests.agents import probe_key, probe_redis
 from tests.support import (
     ChatClient,
     ConversationLog,
+    assistant_text,
     chat_request,
     follow_conversation,
+    numbers,
     user_message,
     wait_until,
     worker_children,
@@ -34,10 +36,6 @@ def own_workers(recovery_stack: Any) -> Any:
     recovery_stack.stop_workers()
 
 
-def numbers(n: int, start: int = 1) -> str:
-    return " ".join(str(i) for i in range(start, n + 1))
-
-
 def new_name(tag: str = "") -> str:
     return f"r{tag}-{uuid.uuid4().hex[:8]}"
 
@@ -50,16 +48,6 @@ async def start_turn(client: ChatClient, text: str, message_id: str | None = Non
 
 def chunks_of(request_id: str, at_least: int) -> Any:
     return lambda log: len(log.stream(request_id).chunks) >= at_least
-
-
-def assistant_text(messages: list[dict[str, Any]]) -> str:
-    return "".join(
-        p.get("text", "")
-        for m in messages
-        if m["role"] == "assistant"
-        for p in m["parts"]
-        if p["type"] == "text"
-    )
 
 
 def stored_transcript(name: str) -> list[dict[str, Any]]:

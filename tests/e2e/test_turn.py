@@ -13,13 +13,9 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 from recovery.models import Fiber, Segment, Stream
-from tests.support import ChatClient, StreamLog, chat_request, user_message
+from tests.support import ChatClient, StreamLog, assistant_text, chat_request, numbers, user_message
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-def numbers(n: int, start: int = 1) -> str:
-    return " ".join(str(i) for i in range(start, n + 1))
 
 
 def get_messages(port: int, name: str, agent: str = "assistant") -> list[dict[str, Any]]:
@@ -27,16 +23,6 @@ def get_messages(port: int, name: str, agent: str = "assistant") -> list[dict[st
         f"http://127.0.0.1:{port}/agents/{agent}/{name}/get-messages", timeout=10
     ) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
-
-
-def assistant_text(messages: list[dict[str, Any]]) -> str:
-    return "".join(
-        p.get("text", "")
-        for m in messages
-        if m["role"] == "assistant"
-        for p in m["parts"]
-        if p["type"] == "text"
-    )
 
 
 def new_name() -> str:
