@@ -257,3 +257,18 @@ async def test_a_finished_turn_is_idle_to_a_resume_probe(stack: Any) -> None:
             "reason": "idle",
             "probeId": "q",
         }
+
+
+async def test_clients_without_an_origin_are_accepted_and_foreign_origins_refused(stack: Any) -> None:
+    """Node and server-side clients send no Origin (the published agents client among them); a page on
+    another site does, and is refused, so it cannot ride a visitor's cookies (CSWSH)."""
+    import websockets
+
+    url = f"ws://127.0.0.1:{stack.port}/agents/assistant/{new_name()}"
+    async with websockets.connect(url) as ws:  # no Origin header at all
+        frames = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(2)]
+    assert frames[-1]["type"] == "cf_agent_identity"
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(url, origin="http://evil.example"):
+            pass
+    assert refused.value.response.status_code == 403
