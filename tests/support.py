@@ -160,6 +160,15 @@ class StreamLog:
     def text(self) -> str:
         return "".join(c.get("delta", "") for _, c in self.chunks if c.get("type") == "text-delta")
 
+    def record(self, frame: dict[str, Any]) -> None:
+        """Fold one cf_agent_use_chat_response frame of this stream."""
+        if frame.get("error"):
+            self.errors.append(frame["body"])
+        elif frame.get("body"):
+            self.chunks.append((frame.get("seq"), json.loads(frame["body"])))
+        if frame.get("done"):
+            self.done = frame
+
     @property
     def seqs(self) -> list[int | None]:
         return [s for s, _ in self.chunks]
@@ -211,14 +220,8 @@ class ChatClient:
             if stop_after is not None and len(log.chunks) >= stop_after:
                 return log
             frame = await self.recv(max(0.01, deadline - time.monotonic()))
-            if frame.get("type") != "cf_agent_use_chat_response" or frame.get("id") != request_id:
-                continue
-            if frame.get("error"):
-                log.errors.append(frame["body"])
-            elif frame.get("body"):
-                log.chunks.append((frame.get("seq"), json.loads(frame["body"])))
-            if frame.get("done"):
-                log.done = frame
+            if frame.get("type") == "cf_agent_use_chat_response" and frame.get("id") == request_id:
+                log.record(frame)
         return log
 
 
@@ -283,13 +286,7 @@ async def follow_conversation(
         elif kind == "cf_agent_chat_messages":
             log.messages.append(frame["messages"])
         elif kind == "cf_agent_use_chat_response":
-            stream = log.stream(frame["id"])
-            if frame.get("error"):
-                stream.errors.append(frame["body"])
-            elif frame.get("body"):
-                stream.chunks.append((frame.get("seq"), json.loads(frame["body"])))
-            if frame.get("done"):
-                stream.done = frame
+            log.stream(frame["id"]).record(frame)
     return log
 
 
