@@ -13,18 +13,23 @@ from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
 from recovery.incidents import ChatRecovery
 
 from .conf import default_model, think_setting
-from .folding import tool_name_of
+from .loop import StepResult
+from .repair import default_repair, pending_interaction
+from .tools import Tool, tool
 
 __all__ = [
     "Assistant",
     "ChatRecovery",
     "ChatRecoveryContext",
     "ChatRecoveryOptions",
+    "StepResult",
     "Think",
+    "Tool",
     "UnknownAgent",
     "agent_class",
     "agent_for",
     "kebab",
+    "tool",
 ]
 
 
@@ -49,6 +54,8 @@ class Think:
     chat_recovery: ClassVar[ChatRecovery | bool | None] = True
     #: Abort a stream silent for this long and recover it (0 = off).
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
+    #: Model steps per turn: each step after the first follows server tool results.
+    max_steps: ClassVar[int] = 10
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -57,6 +64,9 @@ class Think:
             raise ValueError(
                 f"{cls.__name__}.chat_stream_stall_timeout_ms must be an int >= 0 (0 = off), got {stall!r}"
             )
+        steps = cls.max_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"{cls.__name__}.max_steps must be an int >= 1, got {steps!r}")
         if not isinstance(cls.chat_recovery, ChatRecovery | bool | None):
             raise TypeError(f"{cls.__name__}.chat_recovery must be a ChatRecovery, got {cls.chat_recovery!r}")
 
@@ -84,6 +94,18 @@ class Think:
             )
         return dict(model)
 
+    def get_tools(self) -> list[Tool]:
+        """The server tools the model may call (client tools come from the client's request)."""
+        return []
+
+    def on_step_finish(self, step: StepResult) -> Any:
+        """Called after every model step (and its tools); may be async."""
+        return None
+
+    def repair_interrupted_tool_part(self, part: dict[str, Any]) -> dict[str, Any]:
+        """The replacement of a tool part an interruption left without a result (must be settled)."""
+        return default_repair(part)
+
     # -- recovery hooks ----------------------------------------------------------------------------
     async def on_chat_recovery(self, ctx: ChatRecoveryContext) -> ChatRecoveryOptions | None:
         """Decide what happens to an interrupted turn: keep the partial, continue or retry it."""
@@ -101,23 +123,17 @@ class Think:
 
         return messages_list(conversation_id=self._require_conversation())
 
-    def has_pending_interaction(self) -> bool:
-        """True while a human must act: an approval is requested or a client tool awaits its result."""
+    def has_pending_interaction(self, extra: list[dict[str, Any]] | None = None) -> bool:
+        """True while a human must act: an approval is requested or a client tool awaits its result.
+
+        `extra` adds messages not stored yet (the partial of an interrupted turn).
+        """
         from .models import Conversation
 
         conversation_id = self._require_conversation()
         tools = Conversation.objects.values_list("last_client_tools", flat=True).get(pk=conversation_id) or []
-        client_tools = {tool.get("name") for tool in tools if isinstance(tool, dict)}
-        for message in self.messages():
-            if message["role"] != "assistant":
-                continue
-            for part in message["parts"]:
-                state = part.get("state")
-                if state == "approval-requested":
-                    return True
-                if state == "input-available" and tool_name_of(part) in client_tools:
-                    return True
-        return False
+        client_tools = {str(t.get("name")) for t in tools if isinstance(t, dict)}
+        return pending_interaction([*self.messages(), *(extra or [])], client_tools)
 
     def is_idle(self) -> bool:
         """No turn of this conversation is queued or running."""

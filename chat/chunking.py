@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from .llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
 
 Chunk = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call whose input the model finished; `input` is None when it was not a JSON object."""
+
+    id: str
+    name: str
+    input: dict[str, Any] | None
+
 
 FINISH_REASONS = {
     "stop": "stop",
@@ -24,15 +35,25 @@ class UIChunker:
         self.message_id = message_id
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.step_usage: Usage | None = None
         self._blocks = 0
         self._open: dict[str, str] = {}  # "text" / "reasoning" -> open part id
         self._tool_calls: dict[int, dict[str, Any]] = {}
+        self._ready_calls: list[ToolCall] = []
 
-    def begin(self, *, metadata: dict[str, Any] | None = None) -> list[Chunk]:
+    def start(self, *, metadata: dict[str, Any] | None = None) -> list[Chunk]:
         start: Chunk = {"type": "start", "messageId": self.message_id}
         if metadata:
             start["messageMetadata"] = metadata
-        return [start, {"type": "start-step"}]
+        return [start]
+
+    def step_start(self) -> list[Chunk]:
+        self.finish_reason = None
+        return [{"type": "start-step"}]
+
+    def begin(self, *, metadata: dict[str, Any] | None = None) -> list[Chunk]:
+        """start + start-step: the opening of a one-step message."""
+        return self.start(metadata=metadata) + self.step_start()
 
     def feed(self, event: Event) -> list[Chunk]:
         if isinstance(event, TextDelta):
@@ -44,8 +65,18 @@ class UIChunker:
         if isinstance(event, StepFinish):
             self.finish_reason = FINISH_REASONS.get(event.finish_reason, "other")
             return self._close_blocks() + self._tool_inputs_available()
-        if isinstance(event, Usage):
-            self.usage = event
+        if isinstance(event, Usage):  # totals over the steps; the last step's own figures too
+            self.step_usage = event
+            prior = self.usage
+            self.usage = (
+                event
+                if prior is None
+                else Usage(
+                    prior.prompt_tokens + event.prompt_tokens,
+                    prior.completion_tokens + event.completion_tokens,
+                    prior.total_tokens + event.total_tokens,
+                )
+            )
         return []
 
     def _delta(self, kind: str, text: str) -> list[Chunk]:
@@ -91,6 +122,9 @@ class UIChunker:
                 parsed = json.loads(call["args"] or "{}")
             except ValueError:
                 parsed = None
+            self._ready_calls.append(
+                ToolCall(call["id"], call["name"], parsed if isinstance(parsed, dict) else None)
+            )
             if isinstance(parsed, dict):
                 chunks.append(
                     {
@@ -117,8 +151,20 @@ class UIChunker:
     def tool_calls_pending(self) -> bool:
         return bool(self._tool_calls)
 
+    def take_tool_calls(self) -> list[ToolCall]:
+        """The calls whose input became available since the last call (the runner executes them)."""
+        calls, self._ready_calls = self._ready_calls, []
+        return calls
+
+    def step_end(self) -> list[Chunk]:
+        """Close what the step left open (a stream cut before its finish reason)."""
+        return self._close_blocks() + self._tool_inputs_available()
+
     def end(self) -> list[Chunk]:
-        chunks = self._close_blocks() + self._tool_inputs_available()
+        """step_end + finish-step + finish: the close of a one-step message."""
+        return [*self.step_end(), {"type": "finish-step"}, *self.finish()]
+
+    def finish(self) -> list[Chunk]:
         finish: Chunk = {"type": "finish", "finishReason": self.finish_reason or "stop"}
         if self.usage is not None:
             finish["messageMetadata"] = {
@@ -128,4 +174,4 @@ class UIChunker:
                     "totalTokens": self.usage.total_tokens,
                 }
             }
-        return [*chunks, {"type": "finish-step"}, finish]
+        return [finish]

@@ -22,6 +22,7 @@ from . import protocol as p
 from .agents import UnknownAgent, agent_class
 from .broadcast import group_name
 from .conf import think_setting
+from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from .resume import ack_replay, connect_state, probe_answer
 from .selectors import stream_for_request
 from .services import conversation_clear, conversation_get_or_create, turn_accept
@@ -132,6 +133,24 @@ class ChatConsumer(AsyncWebsocketConsumer):
         )
         if not running:  # nothing streams for it: end the client's stream ourselves
             await self.send(p.response_frame(frame.id, done=True, outcome="aborted"))
+
+    async def on_toolresult(self, frame: p.ToolResult) -> None:
+        result = await database_sync_to_async(tool_result_apply)(
+            conversation_id=self.conversation_id, result=frame
+        )
+        await self._interaction_applied(result, frame.tool_call_id)
+
+    async def on_toolapproval(self, frame: p.ToolApproval) -> None:
+        result = await database_sync_to_async(tool_approval_apply)(
+            conversation_id=self.conversation_id, approval=frame
+        )
+        await self._interaction_applied(result, frame.tool_call_id)
+
+    async def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
+        if result.message is not None:  # every tab, the sender too, replaces the message by id
+            await self._group_broadcast(p.message_updated_frame(result.message), exclude=[])
+        elif result.status == "unknown":
+            logger.info("answer for unknown tool call %s ignored", tool_call_id, extra=self._log_extra())
 
     async def on_clear(self, frame: p.Clear) -> None:
         await database_sync_to_async(conversation_clear)(conversation_id=self.conversation_id)

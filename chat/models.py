@@ -21,6 +21,11 @@ class Conversation(models.Model):
     recovering = models.JSONField(null=True, blank=True)
     # Monotonic progress counter credited at chunk-store time; the recovery budget reads it.
     progress = models.BigIntegerField(default=0)
+    # Tool results and approvals that arrived while the turn that asked for them was still finishing;
+    # the turn applies them when it stores its message.
+    tool_updates = models.JSONField(default=list, blank=True)
+    # The assistant message whose tool batch continues automatically once its last result arrives.
+    continue_armed = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -64,3 +69,58 @@ class Message(models.Model):
         if self.metadata is not None:
             message["metadata"] = self.metadata
         return message
+
+
+class SubmissionQuerySet(models.QuerySet["Submission"]):
+    def open(self) -> SubmissionQuerySet:
+        return self.filter(status__in=[Submission.Status.PENDING, Submission.Status.RUNNING])
+
+
+class Submission(models.Model):
+    """A durable programmatic turn (`submit_messages`): accepted now, run when the conversation is free."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        ABORTED = "aborted"
+        SKIPPED = "skipped"
+        ERROR = "error"
+
+    TERMINAL = frozenset({Status.COMPLETED, Status.ABORTED, Status.SKIPPED, Status.ERROR})
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="submissions")
+    submission_id = models.CharField(max_length=255)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_id = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    messages = models.JSONField(default=list)
+    metadata = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    messages_applied_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = SubmissionQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "submission_id"], name="think_submission_id"),
+            models.UniqueConstraint(
+                fields=["conversation", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="think_submission_idempotency",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["conversation", "created_at"],
+                name="think_submission_open",
+                condition=models.Q(status__in=["pending", "running"]),
+            )
+        ]
+        ordering = ["created_at", "submission_id"]
+
+    def __str__(self) -> str:
+        return f"submission {self.submission_id} ({self.status})"

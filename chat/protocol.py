@@ -172,7 +172,8 @@ def _parse_tool_result(data: dict[str, Any]) -> ToolResult:
     error_text = data.get("errorText")
     if error_text is not None and not isinstance(error_text, str):
         raise ProtocolError("'errorText' must be a string")
-    auto_continue = bool(data.get("autoContinue", True)) and state != "output-error"
+    # The client hook sends autoContinue false with an error; an explicit value is honoured either way.
+    auto_continue = bool(data.get("autoContinue", state != "output-error"))
     return ToolResult(
         tool_call_id=_str_field(data, "toolCallId"),
         tool_name=_str_field(data, "toolName", required=False),

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from recovery.fibers import fiber_create, fiber_finish, fibers_fence_out, next_pending_fiber
+from recovery.fibers import LeaseLost, fiber_create, fiber_finish, fibers_fence_out, next_pending_fiber
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_close
 
+from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 from .models import Conversation, Message
 from .protocol import ChatRequest
 
@@ -160,35 +161,61 @@ def turn_start_recovered(
     """Start a continuation (leaf must be an assistant message) or a retry (leaf must be a user message).
 
     A continuation writes a new assistant message after the partial; a retry re-runs the model for the
-    existing user message, which is never added twice.
+    existing user message, which is never added twice. Skipped while another turn is queued or running.
     """
     with transaction.atomic():
         conversation = _lock_conversation(conversation_id)
-        leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
-        wanted = Message.Role.ASSISTANT if kind == Fiber.Kind.CONTINUE else Message.Role.USER
-        if leaf is None or leaf.role != wanted:
-            return TurnStart("", "skipped")
-        if Fiber.objects.filter(conversation=conversation).active().exists():
-            # Another turn was accepted meanwhile (or a second copy of this alarm already started one).
-            return TurnStart("", "skipped")
-        if last_body is not None or last_client_tools is not None:
-            conversation.last_body = last_body if last_body is not None else conversation.last_body
-            conversation.last_client_tools = (
-                last_client_tools if last_client_tools is not None else conversation.last_client_tools
-            )
-            conversation.save(update_fields=["last_body", "last_client_tools", "updated_at"])
-        request_id = str(uuid.uuid4())
-        snapshot = turn_snapshot(
+        return turn_start_followup(
             conversation=conversation,
-            request_id=request_id,
-            continuation=kind == Fiber.Kind.CONTINUE,
+            kind=kind,
             root_request_id=root_request_id,
             incident_id=incident_id,
+            last_body=last_body,
+            last_client_tools=last_client_tools,
         )
-        fiber = fiber_create(
-            conversation_id=conversation_id, request_id=request_id, kind=kind, snapshot=snapshot
+
+
+def turn_start_followup(
+    *,
+    conversation: Conversation,
+    kind: str = Fiber.Kind.CONTINUE,
+    root_request_id: str = "",
+    incident_id: str | None = None,
+    last_body: dict[str, Any] | None = None,
+    last_client_tools: list[dict[str, Any]] | None = None,
+    require_idle: bool = True,
+    extra_snapshot: dict[str, Any] | None = None,
+) -> TurnStart:
+    """Create the fiber of a continuation or retry; call inside a transaction holding the conversation lock.
+
+    With `require_idle` False (an automatic continuation after tool results) the turn queues behind a
+    running one instead of being skipped.
+    """
+    leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
+    wanted = Message.Role.USER if kind == Fiber.Kind.RETRY else Message.Role.ASSISTANT
+    if leaf is None or leaf.role != wanted:
+        return TurnStart("", "skipped")
+    if require_idle and Fiber.objects.filter(conversation=conversation).active().exists():
+        # Another turn was accepted meanwhile (or a second copy of this alarm already started one).
+        return TurnStart("", "skipped")
+    if last_body is not None or last_client_tools is not None:
+        conversation.last_body = last_body if last_body is not None else conversation.last_body
+        conversation.last_client_tools = (
+            last_client_tools if last_client_tools is not None else conversation.last_client_tools
         )
-        transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
+        conversation.save(update_fields=["last_body", "last_client_tools", "updated_at"])
+    request_id = str(uuid.uuid4())
+    snapshot = turn_snapshot(
+        conversation=conversation,
+        request_id=request_id,
+        continuation=kind != Fiber.Kind.RETRY,
+        root_request_id=root_request_id or None,
+        incident_id=incident_id,
+    )
+    snapshot["chat"].update(extra_snapshot or {})
+    fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=snapshot)
+    conversation_id = conversation.pk
+    transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return TurnStart(request_id, "accepted", fiber.pk)
 
 
@@ -214,6 +241,8 @@ class TurnOutcome:
     stream_status: str  # a Stream.Status
     message: dict[str, Any] | None  # the assistant message to persist, if it has content
     terminal: str | None = None  # error text recorded for late reconnects
+    # Tool outputs for calls of earlier messages (approved tools run by a continuation).
+    foreign_updates: list[dict[str, Any]] = field(default_factory=list)
 
 
 def turn_finish(
@@ -225,14 +254,43 @@ def turn_finish(
         fiber_finish(fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or "")
         if outcome.message is not None:
             message_upsert(conversation_id=conversation_id, message=outcome.message)
+        if outcome.foreign_updates:
+            foreign_updates_apply(conversation_id=conversation_id, updates=outcome.foreign_updates)
+        interactions_settle(conversation)
         if stream_id is not None:
             stream_close(stream_id=stream_id, status=outcome.stream_status)
         fiber = Fiber.objects.only("request_id").get(pk=fiber_id)
         conversation.last_terminal = (
             {"requestId": fiber.request_id, "body": outcome.terminal} if outcome.terminal else None
         )
-        conversation.save(update_fields=["last_terminal", "updated_at"])
+        conversation.save(update_fields=["last_terminal", "tool_updates", "continue_armed", "updated_at"])
         transaction.on_commit(lambda: turn_enqueue_next(conversation_id=conversation_id))
+
+
+def interactions_settle(conversation: Conversation) -> None:
+    """Apply answers that arrived while the turn finished, and start the continuation they complete.
+
+    Call with the conversation locked; the caller saves `tool_updates` and `continue_armed`.
+    """
+    buffered_updates_apply(conversation)
+    leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
+    if leaf is not None and continuation_due(conversation, leaf):
+        conversation.continue_armed = ""
+        turn_start_followup(conversation=conversation, require_idle=False)
+
+
+def transcript_repair_save(
+    *, fiber_id: Any, fencing: int, conversation_id: int, messages: list[dict[str, Any]]
+) -> None:
+    """Store repaired messages, only while the repairing turn still holds its fiber."""
+    with transaction.atomic():
+        _lock_conversation(conversation_id)
+        if not Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).exists():
+            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+        for message in messages:
+            Message.objects.filter(conversation_id=conversation_id, message_id=message["id"]).update(
+                parts=message.get("parts", []), updated_at=timezone.now()
+            )
 
 
 def conversation_clear(*, conversation_id: int) -> None:
@@ -246,6 +304,16 @@ def conversation_clear(*, conversation_id: int) -> None:
         conversation.last_client_tools = None
         conversation.last_terminal = None
         conversation.recovering = None
+        conversation.tool_updates = []
+        conversation.continue_armed = ""
         conversation.save(
-            update_fields=["last_body", "last_client_tools", "last_terminal", "recovering", "updated_at"]
+            update_fields=[
+                "last_body",
+                "last_client_tools",
+                "last_terminal",
+                "recovering",
+                "tool_updates",
+                "continue_armed",
+                "updated_at",
+            ]
         )

@@ -23,32 +23,20 @@ from recovery.stream import StreamWriter, stream_open
 
 from . import broadcast, llm
 from .agents import Think, agent_for
-from .chunking import UIChunker
 from .conf import think_setting
 from .folding import MessageAccumulator
+from .loop import ModelLoop, StreamStalled
 from .models import Conversation
 from .protocol import chat_messages_frame, response_frame
+from .repair import repair_transcript
 from .selectors import messages_list
-from .services import TurnOutcome, turn_finish
-from .transcript import to_model_messages
+from .services import TurnOutcome, transcript_repair_save, turn_finish
+from .tools import Toolset
 
 logger = logging.getLogger(__name__)
 
-CONTINUE_PROMPT = "Continue your previous response from exactly where it left off. Do not repeat any of it."
-
 # Runners of this process, so a worker shutdown can hand every turn to recovery at once.
 ACTIVE: set[asyncio.Task[None]] = set()
-
-
-class StreamStalled(Exception):
-    """The model stream was silent for longer than the stall timeout (reference §10)."""
-
-    def __init__(self, timeout_ms: int) -> None:
-        super().__init__(
-            f"Chat stream stalled: no activity for {timeout_ms}ms;"
-            " the turn was aborted by the stall watchdog."
-        )
-        self.timeout_ms = timeout_ms
 
 
 async def turn_run(fiber_id: str) -> None:
@@ -97,6 +85,7 @@ class TurnRunner:
     async def run(self) -> None:
         conversation, messages = await db(_load, self.conversation_id)
         agent = agent_for(conversation.agent, conversation.name, conversation.pk)
+        self.client_tools = conversation.last_client_tools
         try:
             self.stream_id = await db(
                 stream_open,
@@ -178,36 +167,34 @@ class TurnRunner:
         await self._finish(error)
 
     async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
-        chunker = UIChunker(self.message_id)
-        for chunk in chunker.begin():
-            await self._emit(chunk)
-        model_messages = to_model_messages(messages, system_prompt=agent.get_system_prompt())
-        if self.continuation and model_messages and model_messages[-1]["role"] == "assistant":
-            # Some providers reject assistant prefill: ask to continue instead (never persisted).
-            model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
-        events = llm.stream_chat(model=agent.completion_kwargs(), messages=model_messages)
-        stall_ms = int(agent.chat_stream_stall_timeout_ms)
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(stall_ms / 1000 if stall_ms > 0 else None):
-                        event = await events.__anext__()
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    diagnostics.emit(
-                        "chat:stream:stalled",
-                        {"requestId": self.request_id, "timeoutMs": stall_ms},
-                        agent=agent.agent,
-                        name=agent.name,
-                    )
-                    raise StreamStalled(stall_ms) from None
-                for chunk in chunker.feed(event):
-                    await self._emit(chunk)
-        finally:
-            await events.aclose()
-        for chunk in chunker.end():
-            await self._emit(chunk)
+        toolset = Toolset(agent.get_tools(), self.client_tools)
+        messages = await self._repair(agent, messages)
+        loop = ModelLoop(
+            agent=agent,
+            messages=messages,
+            toolset=toolset,
+            accumulator=self.accumulator,
+            continuation=self.continuation,
+            request_id=self.request_id,
+            emit=self._emit,
+        )
+        await loop.run()
+
+    async def _repair(self, agent: Think, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Repair interrupted tool calls before the model sees the transcript; persisted, fenced."""
+        report = repair_transcript(messages, agent.repair_interrupted_tool_part)
+        if not report.any:
+            return messages
+        await db(
+            transcript_repair_save,
+            fiber_id=self.claim.fiber_id,
+            fencing=self.claim.fencing,
+            conversation_id=self.conversation_id,
+            messages=report.changed,
+        )
+        self._emit_event("chat:transcript:repaired", report.event())
+        await broadcast.publish(self.conversation_id, chat_messages_frame(report.messages))
+        return report.messages
 
     async def _emit(self, chunk: dict[str, Any]) -> None:
         assert self.writer is not None
@@ -259,12 +246,18 @@ class TurnRunner:
 
     def _outcome(self, error: BaseException | None) -> tuple[TurnOutcome, str]:
         message = self.accumulator.message() if self.accumulator.has_content else None
+        foreign = list(self.accumulator.foreign_tool_updates)
         if error is not None:
             text = llm.error_text(error)
-            return TurnOutcome(Fiber.Status.FAILED, Stream.Status.ERROR, message, terminal=text), "error"
+            outcome = TurnOutcome(Fiber.Status.FAILED, Stream.Status.ERROR, message, text, foreign)
+            return outcome, "error"
         if self.stop_reason == "cancel":
-            return TurnOutcome(Fiber.Status.CANCELLED, Stream.Status.COMPLETED, message), "aborted"
-        return TurnOutcome(Fiber.Status.COMPLETED, Stream.Status.COMPLETED, message), "completed"
+            return TurnOutcome(
+                Fiber.Status.CANCELLED, Stream.Status.COMPLETED, message, None, foreign
+            ), "aborted"
+        return TurnOutcome(
+            Fiber.Status.COMPLETED, Stream.Status.COMPLETED, message, None, foreign
+        ), "completed"
 
     async def _finish(self, error: BaseException | None) -> None:
         assert self.writer is not None

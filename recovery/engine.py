@@ -103,7 +103,9 @@ async def recover_fiber(fiber_id: Any) -> None:
     }
     recovery.emit("fiber:run:interrupted", fiber_event)
     recovery.emit("fiber:recovery:detected", fiber_event)
-    awaiting = await db(recovery.agent.has_pending_interaction)
+    # The partial counts: a client tool call it holds is pending even before it is stored.
+    partial = [target.partial.message()] if target.partial.has_content else None
+    awaiting = await db(recovery.agent.has_pending_interaction, partial)
     evaluation = await db(
         incident_begin,
         conversation_id=target.conversation.pk,

@@ -10,9 +10,10 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from chat.folding import MessageAccumulator, fold_bodies
+from chat.interactions import foreign_updates_apply
 from chat.models import Conversation
 from chat.selectors import messages_list
-from chat.services import message_upsert
+from chat.services import interactions_settle, message_upsert
 
 from .incidents import RECOVERING_FLAG_TTL_MS
 from .models import Fiber, Stream
@@ -136,8 +137,13 @@ def orphan_persist(
     assert target.stream is not None
     with transaction.atomic():
         Conversation.objects.select_for_update().filter(pk=target.conversation.pk).first()
+        conversation = Conversation.objects.get(pk=target.conversation.pk)
         if persist and target.partial.has_content:
-            message_upsert(conversation_id=target.conversation.pk, message=target.partial.message())
+            message_upsert(conversation_id=conversation.pk, message=target.partial.message())
+        # Results of approved tools the dead turn ran belong to an earlier message: always kept.
+        foreign_updates_apply(conversation_id=conversation.pk, updates=target.partial.foreign_tool_updates)
+        interactions_settle(conversation)
+        conversation.save(update_fields=["tool_updates", "continue_armed", "updated_at"])
         stream_close(stream_id=target.stream.pk, status=status)
     return messages_list(conversation_id=target.conversation.pk)
 

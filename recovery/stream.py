@@ -36,10 +36,13 @@ MILESTONE_CHUNKS = frozenset(
         "tool-output-available",
         "tool-output-error",
         "tool-output-denied",
+        "tool-approval-request",
     }
 )
 DELTA_CHUNKS = frozenset({"text-delta", "reasoning-delta", "tool-input-delta"})
 SETTLED_TOOL_CHUNKS = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})
+# Stored at once: a settled result must never run again, and a human may act on these right away.
+IMMEDIATE_CHUNKS = SETTLED_TOOL_CHUNKS | {"tool-input-available", "tool-approval-request"}
 CONTENT_CHUNKS = frozenset({"text-delta", "reasoning-delta", "tool-input-available"})
 PROGRESS_DELTA_WINDOW_S = 5.0
 MAX_CHUNK_BYTES = 1_800_000
@@ -164,7 +167,7 @@ class StreamWriter:
         self._persist = bool(think_setting("STREAM_PERSIST"))
 
     def add(self, chunk: dict[str, Any]) -> bool:
-        """Buffer one chunk; True when it must be flushed now (first content, settled tool, full batch)."""
+        """Buffer one chunk; True when it must be flushed now (first content, tool milestone, full batch)."""
         chunk_type = chunk.get("type")
         body = encode_chunk(chunk)
         seq = self.next_seq
@@ -181,7 +184,7 @@ class StreamWriter:
             self.buffered.set()  # wakes the turn's guard, which flushes this batch when it is due
         self._buffer.append((seq, body, frame))
         self._buffer_bytes += len(body)
-        if chunk_type in SETTLED_TOOL_CHUNKS:
+        if chunk_type in IMMEDIATE_CHUNKS:
             return True
         if chunk_type in CONTENT_CHUNKS and not self._flushed_any:
             return True

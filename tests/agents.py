@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, Think
+from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, StepResult, Think, Tool, tool
 
 
 def probe_redis() -> redis.Redis:
@@ -60,3 +61,67 @@ class StallingAgent(Think):
         terminal_message="Sorry: the model kept stalling.",
         on_exhausted=record_exhausted,
     )
+
+
+def tool_runs(tag: str) -> int:
+    """How many times the test tools ran for this tag (tests pass the tag in the tool input)."""
+    return int(probe_redis().get(probe_key("tool-runs", tag)) or 0)
+
+
+def _ran(tag: str) -> None:
+    probe_redis().incr(probe_key("tool-runs", tag))
+
+
+TAGGED = {"type": "object", "properties": {"tag": {"type": "string"}}, "required": ["tag"]}
+
+
+@tool(
+    parameters={
+        **TAGGED,
+        "properties": {**TAGGED["properties"], "a": {"type": "integer"}, "b": {"type": "integer"}},
+    }
+)
+def add(tag: str, a: int, b: int) -> int:
+    """Add two integers."""
+    _ran(tag)
+    return a + b
+
+
+@tool(parameters=TAGGED)
+async def lookup(tag: str) -> dict[str, Any]:
+    """An async tool."""
+    _ran(tag)
+    return {"tag": tag, "found": True}
+
+
+@tool(parameters=TAGGED)
+def explode(tag: str) -> None:
+    """A tool that always fails."""
+    _ran(tag)
+    raise RuntimeError("the tool exploded")
+
+
+@tool(parameters=TAGGED, needs_approval=True)
+def delete_file(tag: str) -> str:
+    """A dangerous tool: a human approves each call."""
+    _ran(tag)
+    return f"deleted {tag}"
+
+
+class ToolAgent(Think):
+    """Server tools, one needing approval; a conversation named `hold-*` pauses after each tool step
+    (a window to kill the worker in); `ask_user` calls interrupted mid-way become a text part."""
+
+    chat_recovery = ChatRecovery(max_attempts=5, stable_timeout_ms=1500, no_progress_timeout_ms=60_000)
+
+    def get_tools(self) -> list[Tool]:
+        return [add, lookup, explode, delete_file]
+
+    async def on_step_finish(self, step: StepResult) -> None:
+        if self.name.startswith("hold-") and step.tool_calls:
+            await asyncio.sleep(30)
+
+    def repair_interrupted_tool_part(self, part: dict[str, Any]) -> dict[str, Any]:
+        if part.get("type") == "tool-ask_user":
+            return {"type": "text", "text": "(The question to the user was interrupted.)", "state": "done"}
+        return super().repair_interrupted_tool_part(part)

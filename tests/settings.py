@@ -39,6 +39,7 @@ THINK = {
         "assistant": "chat.agents.Assistant",
         "recovery-probe": "tests.agents.RecoveryProbe",
         "stalling-agent": "tests.agents.StallingAgent",
+        "tool-agent": "tests.agents.ToolAgent",
     },
 }
 SECRET_KEY = "tests-only"

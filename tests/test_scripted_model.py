@@ -10,6 +10,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import asyncio  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
@@ -24,8 +25,11 @@ from thinkproject.scripted_model import (  # noqa: E402
     FIXED_REPLY,
     OVERFLOW_MESSAGE,
     STATE_KEY,
+    BadRequestError,
+    Plan,
     ScriptedModelServer,
     build_app,
+    plan_reply,
 )
 
 litellm.suppress_debug_info = True
@@ -62,6 +66,11 @@ class Streamed:
     finish_reasons: list[str] = field(default_factory=list)
     tool_calls: list[Any] = field(default_factory=list)
     usage: Any = None
+    chunks: list[Any] = field(default_factory=list)
+
+    def message(self) -> Any:
+        """The assistant message litellm assembles from the chunks."""
+        return litellm.stream_chunk_builder(self.chunks).choices[0].message
 
 
 async def open_stream(server: ScriptedModelServer, messages: list[dict[str, Any]]) -> Any:
@@ -78,6 +87,7 @@ async def open_stream(server: ScriptedModelServer, messages: list[dict[str, Any]
 
 
 def record(chunk: Any, into: Streamed) -> None:
+    into.chunks.append(chunk)
     if getattr(chunk, "usage", None) is not None:
         into.usage = chunk.usage
     for choice in chunk.choices:
@@ -125,6 +135,44 @@ async def raw_post(server: ScriptedModelServer, body: Any) -> tuple[int, str]:
         headers = {"Content-Type": "application/json"}
         async with session.post(f"{server.url}/chat/completions", data=data, headers=headers) as resp:
             return resp.status, await resp.text()
+
+
+def call_message(calls: list[Any]) -> dict[str, Any]:
+    """The assistant message a client sends back for these tool calls (litellm objects or plain dicts)."""
+    plain = [call if isinstance(call, dict) else call.model_dump() for call in calls]
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {k: c["function"][k] for k in ("name", "arguments")},
+            }
+            for c in plain
+        ],
+    }
+
+
+def tool_result(call_id: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def planned_calls(plan: Plan) -> list[dict[str, Any]]:
+    """The tool calls of a plan as the non-streaming message lists them."""
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in plan.deltas:
+        for piece in delta["tool_calls"]:
+            call = calls.setdefault(piece["index"], {"id": None, "function": {"name": None, "arguments": ""}})
+            call["id"] = piece.get("id", call["id"])
+            call["function"]["name"] = piece["function"].get("name", call["function"]["name"])
+            call["function"]["arguments"] += piece["function"]["arguments"]
+    return [calls[i] for i in sorted(calls)]
+
+
+def planned_text(plan: Plan) -> str:
+    assert plan.finish_reason == "stop"
+    return "".join(delta["content"] for delta in plan.deltas)
 
 
 def sse_payloads(text: str) -> list[str]:
@@ -325,6 +373,166 @@ async def test_tool_result_follow_up_returns_text(server: ScriptedModelServer) -
     assert "".join(result.deltas) == "Tool lookup returned: x is 42"
     assert result.deltas[0] == "Tool"
     assert result.finish_reasons == ["stop"]
+
+
+PARALLEL = 'Look both up. [tool lookup {"q": "x"}] [tool weather {"city": "Paris"}]'
+PARALLEL_CALLS = [("lookup", {"q": "x"}), ("weather", {"city": "Paris"})]
+
+
+def names_and_arguments(calls: list[Any]) -> list[tuple[str, Any]]:
+    return [(call.function.name, json.loads(call.function.arguments)) for call in calls]
+
+
+async def test_parallel_tool_calls_stream_as_one_step(server: ScriptedModelServer) -> None:
+    result = await stream(server, [user(PARALLEL)])
+
+    assert result.deltas == []
+    assert result.finish_reasons == ["tool_calls"]
+    assert [(call.index, call.function.name) for call in result.tool_calls if call.id] == [
+        (0, "lookup"),
+        (1, "weather"),
+    ]
+    for index in (0, 1):  # each call streams its own arguments deltas
+        pieces = [c.function.arguments for c in result.tool_calls if c.index == index and not c.id]
+        assert len(pieces) >= 2
+        assert json.loads("".join(pieces)) == PARALLEL_CALLS[index][1]
+    calls = result.message().tool_calls
+    assert names_and_arguments(calls) == PARALLEL_CALLS
+    assert len({call.id for call in calls}) == 2
+    assert result.usage.completion_tokens == len(result.tool_calls)
+
+
+async def test_parallel_tool_calls_non_streaming(server: ScriptedModelServer) -> None:
+    response = await complete(server, [user(PARALLEL)])
+
+    assert response.choices[0].finish_reason == "tool_calls"
+    calls = response.choices[0].message.tool_calls
+    assert names_and_arguments(calls) == PARALLEL_CALLS
+    assert len({call.id for call in calls}) == 2
+    assert response.usage.completion_tokens == 8  # per call: the name delta and three argument pieces
+
+
+async def test_tool_call_ids_are_unique_across_responses(server: ScriptedModelServer) -> None:
+    first = await complete(server, [user(PARALLEL)])
+    second = await stream(server, [user(PARALLEL)])
+
+    ids = [call.id for call in first.choices[0].message.tool_calls] + [
+        c.id for c in second.tool_calls if c.id
+    ]
+    assert len(ids) == len(set(ids)) == 4
+    assert all(call_id.startswith("call_") for call_id in ids)
+
+
+async def test_follow_up_joins_the_results_of_the_batch_in_order(server: ScriptedModelServer) -> None:
+    prompt = user(PARALLEL)
+    first = await complete(server, [prompt])
+    lookup, weather = first.choices[0].message.tool_calls
+    results = [tool_result(weather.id, "sunny"), tool_result(lookup.id, "x is 42")]  # order of the messages
+
+    result = await stream(server, [prompt, call_message([lookup, weather]), *results])
+
+    assert "".join(result.deltas) == "Tool weather returned: sunny; Tool lookup returned: x is 42"
+    assert result.deltas[:3] == ["Tool", " weather", " returned:"]
+    assert result.finish_reasons == ["stop"]
+    non_streamed = await complete(server, [prompt, call_message([lookup, weather]), *results])
+    assert non_streamed.choices[0].message.content == "".join(result.deltas)
+
+
+async def test_count_after_a_tool_result_and_its_continuation(server: ScriptedModelServer) -> None:
+    prompt = user("[tool lookup] then count to 4")
+    first = await stream(server, [prompt])
+    assert first.finish_reasons == ["tool_calls"]
+    [call] = first.message().tool_calls
+    history = [prompt, call_message([call]), tool_result(call.id, "ok")]
+
+    result = await stream(server, history)
+    assert result.deltas == ["Tool", " lookup", " returned:", " ok", " 1", " 2", " 3", " 4"]
+    assert result.finish_reasons == ["stop"]
+
+    resumed = await stream(server, [*history, assistant("Tool lookup returned: ok 1 2")])
+    assert resumed.deltas == [" 3", " 4"]
+    continue_prompt = user("Continue your previous response exactly where it stopped.")
+    resumed = await stream(server, [*history, assistant("Tool lookup returned:"), continue_prompt])
+    assert resumed.deltas == [" ok", " 1", " 2", " 3", " 4"]
+
+
+async def test_times_k_calls_the_tool_again_until_k_results(server: ScriptedModelServer) -> None:
+    messages = [user('Dig deeper. [tool lookup {"q": "x"} times 3]')]
+    ids = []
+    for k in range(1, 4):  # the prompt alone, then with 1 and 2 results: a call each time
+        step = await stream(server, messages)
+        assert step.finish_reasons == ["tool_calls"], k
+        [call] = step.message().tool_calls
+        assert names_and_arguments([call]) == [("lookup", {"q": "x"})]
+        ids.append(call.id)
+        messages += [call_message([call]), tool_result(call.id, f"result {k}")]
+
+    final = await stream(server, messages)  # 3 results: the text of the latest batch
+
+    assert "".join(final.deltas) == "Tool lookup returned: result 3"
+    assert final.finish_reasons == ["stop"]
+    assert len(set(ids)) == 3
+
+
+def test_times_repeats_only_the_directives_short_of_results() -> None:
+    prompt = user('[tool lookup {"q": "x"} times 2] [tool weather {"city": "Paris"}]')
+    first = planned_calls(plan_reply([prompt], serial=1))
+    assert [(c["id"], c["function"]["name"]) for c in first] == [
+        ("call_1_0", "lookup"),
+        ("call_1_1", "weather"),
+    ]
+    history = [prompt, call_message(first), tool_result("call_1_0", "x1"), tool_result("call_1_1", "sunny")]
+
+    second = planned_calls(plan_reply(history, serial=2))
+    assert [(c["id"], c["function"]["name"]) for c in second] == [("call_2_0", "lookup")]
+    history += [call_message(second), tool_result("call_2_0", "x2")]
+
+    assert planned_text(plan_reply(history, serial=3)) == "Tool lookup returned: x2"
+
+
+def test_results_of_same_named_directives_count_by_their_arguments() -> None:
+    prompt = user('[tool lookup {"q": "a"} times 2] [tool lookup {"q": "b"}]')
+    first = planned_calls(plan_reply([prompt], serial=1))
+    assert [json.loads(c["function"]["arguments"]) for c in first] == [{"q": "a"}, {"q": "b"}]
+    # the client re-serializes the arguments and answers in the opposite order
+    first[0]["function"]["arguments"] = '{ "q" : "a" }'
+    history = [prompt, call_message(first), tool_result("call_1_1", "B"), tool_result("call_1_0", "A")]
+
+    [second] = planned_calls(plan_reply(history, serial=2))  # "a" has 1 result of 2, "b" is done
+
+    assert json.loads(second["function"]["arguments"]) == {"q": "a"}
+    history += [call_message([second]), tool_result(second["id"], "A again")]
+    assert planned_text(plan_reply(history, serial=3)) == "Tool lookup returned: A again"
+
+
+def test_a_tool_directive_inside_json_arguments_is_not_a_directive() -> None:
+    calls = planned_calls(plan_reply([user('[tool note {"text": "[tool other]"}]')]))
+
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("note", {"text": "[tool other]"})
+    ]
+
+
+@pytest.mark.parametrize(
+    ("directive", "message"),
+    [
+        ("[tool f {} times 0]", "'times' needs a whole number K >= 1, got '0'"),
+        ("[tool f times -1]", "'times' needs a whole number K >= 1, got '-1'"),
+        ('[tool f {"a": 1} times x]', "'times' needs a whole number K >= 1, got 'x'"),
+        ("[tool f {} times]", "'times' needs a whole number K >= 1, got ''"),
+        ("[tool f {} times 2 3]", "expected ']' or 'times K]' after the arguments"),
+    ],
+)
+async def test_bad_times_gets_400(server: ScriptedModelServer, directive: str, message: str) -> None:
+    with pytest.raises(BadRequestError, match=re.escape(message)):
+        plan_reply([user(directive)])
+
+    status, text = await raw_post(server, {"messages": [user(directive)], "stream": True})
+
+    assert status == 400
+    error = json.loads(text)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == f"[tool f]: {message}"
 
 
 # --- pacing --------------------------------------------------------------------------------------

@@ -17,8 +17,26 @@ prompt. Directives in it (case-insensitive, anywhere in the text, combinable):
   HTTP error whenever the fault is reached.
 * ``[overflow]`` -- HTTP 400 with OpenAI's ``context_length_exceeded`` body.
 * ``[tool NAME {json}]`` -- answer with a call of tool NAME with these JSON arguments (``{}`` if omitted),
-  finish reason ``tool_calls``. Once a ``role: "tool"`` message follows the prompt, the reply is instead
-  the text ``Tool NAME returned: <tool message content>``.
+  finish reason ``tool_calls`` (this wins over ``count to N`` until the tool results are in). Several
+  ``[tool ...]`` directives make ONE assistant step of parallel calls in prompt order: call i has
+  ``index`` i, its own id, and its own deltas (first id and name, then the arguments in up to three
+  pieces; all of call 0, then all of call 1, ...); the non-streaming message lists them all. Call ids
+  are ``call_<R>_<i>``, R being the response number of the server (also in the response id
+  ``chatcmpl-scripted-<R>``), so they are unique across all responses of one server.
+* ``[tool NAME {json} times K]`` (K a whole number >= 1; without it K = 1) -- after each batch of results,
+  call again (one parallel step, prompt order) every tool directive that has fewer than K results after
+  the prompt; the follow-up text below comes once every directive has its K. A ``role: "tool"`` message
+  is a result of tool NAME where NAME is: the name of the call its ``tool_call_id`` answers (searched in
+  all messages, latest first), else the first tool directive's name, else the message's ``name``. When
+  several directives share NAME, the result counts for the first of them whose JSON arguments equal
+  its call's (parsed, so re-serialized arguments match), else for the first of them. A ``times`` that is
+  not a whole number >= 1 (``times 0``, ``times x``, a bare ``times``), invalid JSON arguments or a
+  missing ``]`` make the request an HTTP 400 ``invalid_request_error`` naming the directive.
+* tool results -- once ``role: "tool"`` messages follow the prompt and no directive needs more results,
+  the reply is text built from the LATEST batch: the tool messages after the last assistant message with
+  ``tool_calls`` before the last tool message (all tool messages after the prompt if there is none), in
+  message order, each as ``Tool NAME returned: <content>``, joined by ``"; "``. If the prompt also says
+  ``count to N``, the words ``" 1" " 2" ... " N"`` follow (a long, rate-paced answer after a result).
 * anything else -- the fixed reply ``Hello! I am the scripted model. Ask me to count to N.``
 Text replies are streamed word by word (every chunk but the first carries its leading space). A fault
 fires once K content chunks were sent; a reply with fewer than K chunks completes normally.
@@ -27,7 +45,8 @@ Continuations: a request is a continuation when its last message is an assistant
 message starting with ``Continue your previous response`` right after an assistant message. The reply
 then resumes where the assistant messages following the prompt (and following the last tool result, if
 any) left off: ``count to N`` carries on from the last integer found in them + 1 (``" 18"``, ...; nothing
-but the stop chunk if already at N); text replies skip the words already sent.
+but the stop chunk if already at N); text replies (tool-result follow-ups included, their numbers too)
+skip as many words as were already sent.
 
 Any request with messages after the prompt (a continuation or a tool-result follow-up) does NOT re-apply
 ``[stall ...]``, ``[fail ...]`` or ``[overflow]``, unless the directive ends with ``always``:
@@ -38,7 +57,8 @@ user turn goes through. ``[stamp]`` appends ``@<unix time>`` to every content de
 client on the same machine can measure model-to-client latency per chunk.
 
 Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
-``completion_tokens`` = number of content chunks. The usage chunk (``choices: []``) is sent when the
+tool call names and arguments count as message characters; ``completion_tokens`` = number of content
+chunks (text or tool-call deltas). The usage chunk (``choices: []``) is sent when the
 request asks for ``stream_options.include_usage``. Error responses carry ``x-should-retry: false`` so
 the OpenAI SDK does not retry them itself: retries are the caller's business.
 
@@ -53,7 +73,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -89,6 +108,7 @@ _FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)
 _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
+_TOOL_END_RE = re.compile(r"\s*(?:times\b\s*([^\]\s]*)\s*)?\]", re.IGNORECASE)
 _INT_RE = re.compile(r"\d+")
 _WORD_RE = re.compile(r"\s*\S+")
 
@@ -129,19 +149,34 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class ToolDirective:
+    """One ``[tool NAME {json} times K]``: call NAME with ``arguments`` until it has ``times`` results."""
+
+    name: str
+    arguments: str = "{}"
+    times: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.arguments}" + (f" times {self.times}" if self.times != 1 else "")
+
+
+@dataclass(frozen=True)
 class Directives:
     count_to: int | None = None
     rate: float | None = None
     stall: Fault | None = None
     fail: Fault | None = None
     overflow: Fault | None = None
-    tool_name: str | None = None
-    tool_arguments: str = "{}"
+    tools: tuple[ToolDirective, ...] = ()  # in prompt order; several = parallel calls
     stamp: bool = False  # append "@<send time>" to each content delta (latency benchmarks)
 
+    @property
+    def default_tool_name(self) -> str | None:
+        return self.tools[0].name if self.tools else None
+
     def summary(self) -> str:
-        items = vars(self).items()
-        return ", ".join(f"{k}={v}" for k, v in items if v is not None and v != "{}") or "none"
+        items = [(k, v) for k, v in vars(self).items() if v is not None and v != ()]
+        return ", ".join(f"{k}={'; '.join(map(str, v)) if k == 'tools' else v}" for k, v in items) or "none"
 
 
 @dataclass(frozen=True)
@@ -153,6 +188,7 @@ class Plan:
     directives: Directives
     follow_up: bool
     repeat: bool = False  # this prompt was seen before (a retry of the same turn)
+    serial: int = 0  # the response number: in the response id and the tool call ids
 
     def active(self, fault: Fault | None) -> Fault | None:
         if fault is None:
@@ -185,31 +221,43 @@ def parse_directives(text: str) -> Directives:
     """The directives of a prompt (see the module docstring)."""
     count, rate, stall = _COUNT_RE.search(text), _RATE_RE.search(text), _STALL_RE.search(text)
     fail, overflow = _FAIL_RE.search(text), _OVERFLOW_RE.search(text)
-    directives = Directives(
+    return Directives(
         int(count.group(1)) if count else None,
         float(rate.group(1)) if rate else None,
         _make_fault(int(stall.group(1)), stall.group(2)) if stall else None,
         _make_fault(int(fail.group(1)), fail.group(3), int(fail.group(2))) if fail else None,
         _make_fault(0, overflow.group(1)) if overflow else None,
-        *_parse_tool(text),
+        _parse_tools(text),
+        bool(_STAMP_RE.search(text)),
     )
-    return dataclasses.replace(directives, stamp=bool(_STAMP_RE.search(text)))
 
 
-def _parse_tool(text: str) -> tuple[str | None, str]:
-    match = _TOOL_RE.search(text)
-    if match is None:
-        return None, "{}"
+def _parse_tools(text: str) -> tuple[ToolDirective, ...]:
+    """Every ``[tool ...]`` directive, scanning on after each one (so JSON arguments are never re-read)."""
+    tools: list[ToolDirective] = []
+    position = 0
+    while (match := _TOOL_RE.search(text, position)) is not None:
+        tool, position = _parse_tool(text, match)
+        tools.append(tool)
+    return tuple(tools)
+
+
+def _parse_tool(text: str, match: re.Match[str]) -> tuple[ToolDirective, int]:
+    """The directive that ``match`` starts, and the position after its ``]``."""
+    name, end = match.group(1), match.end()
     arguments: Any = {}
-    end = match.end()
     if text[end : end + 1] == "{":
         try:
             arguments, end = json.JSONDecoder().raw_decode(text, end)
         except json.JSONDecodeError as exc:
-            raise BadRequestError(f"[tool {match.group(1)}]: arguments are not valid JSON: {exc}") from exc
-    if not re.match(r"\s*\]", text[end:]):
-        raise BadRequestError(f"[tool {match.group(1)}]: expected ']' after the arguments")
-    return match.group(1), json.dumps(arguments)
+            raise BadRequestError(f"[tool {name}]: arguments are not valid JSON: {exc}") from exc
+    tail = _TOOL_END_RE.match(text, end)
+    if tail is None:
+        raise BadRequestError(f"[tool {name}]: expected ']' or 'times K]' after the arguments")
+    times = tail.group(1)
+    if times is not None and not (times.isascii() and times.isdigit() and int(times) >= 1):
+        raise BadRequestError(f"[tool {name}]: 'times' needs a whole number K >= 1, got {times!r}")
+    return ToolDirective(name, json.dumps(arguments), int(times or 1)), tail.end()
 
 
 def _prompt_index(messages: list[Json]) -> int:
@@ -224,13 +272,66 @@ def _prompt_index(messages: list[Json]) -> int:
     return -1
 
 
-def _tool_name(messages: list[Json], tool_message: Json, default: str | None) -> str:
+def _call_of(messages: list[Json], tool_message: Json) -> Json | None:
+    """The function (name, arguments) of the latest tool call answered by ``tool_message``, if found."""
     call_id = tool_message.get("tool_call_id")
-    for message in messages:
+    for message in reversed(messages) if call_id is not None else ():
         for call in message.get("tool_calls") or []:
             if isinstance(call, dict) and call.get("id") == call_id:
-                return str(call.get("function", {}).get("name") or default or "tool")
+                function = call.get("function")
+                return function if isinstance(function, dict) else {}
+    return None
+
+
+def _tool_name(messages: list[Json], tool_message: Json, default: str | None) -> str:
+    function = _call_of(messages, tool_message)
+    if function is not None:
+        return str(function.get("name") or default or "tool")
     return default or str(tool_message.get("name") or "tool")
+
+
+def _json_value(arguments: Any) -> Any:
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
+
+
+def _directive_of(tools: tuple[ToolDirective, ...], messages: list[Json], tool_message: Json) -> int | None:
+    """Index of the tool directive a tool result counts for (see the module docstring)."""
+    name = _tool_name(messages, tool_message, tools[0].name if tools else None)
+    candidates = [i for i, tool in enumerate(tools) if tool.name == name]
+    if len(candidates) > 1:
+        arguments = _json_value((_call_of(messages, tool_message) or {}).get("arguments"))
+        candidates = [i for i in candidates if json.loads(tools[i].arguments) == arguments] or candidates
+    return candidates[0] if candidates else None
+
+
+def _pending_tools(directives: Directives, messages: list[Json], prompt: int) -> list[ToolDirective]:
+    """The tool directives with fewer than ``times`` results after the prompt: the next parallel step."""
+    results = [0] * len(directives.tools)
+    for message in messages[prompt + 1 :]:
+        index = _directive_of(directives.tools, messages, message) if message.get("role") == "tool" else None
+        if index is not None:
+            results[index] += 1
+    return [tool for tool, n in zip(directives.tools, results, strict=True) if n < tool.times]
+
+
+def _latest_batch(messages: list[Json], prompt: int, last_tool: int) -> list[Json]:
+    """The tool messages after the last assistant message with tool calls before ``last_tool``."""
+    start = prompt
+    for i in range(last_tool, prompt, -1):
+        if messages[i].get("role") == "assistant" and messages[i].get("tool_calls"):
+            start = i
+            break
+    return [m for m in messages[start + 1 : last_tool + 1] if m.get("role") == "tool"]
+
+
+def _follow_up_text(messages: list[Json], batch: list[Json], directives: Directives) -> str:
+    """``Tool NAME returned: CONTENT`` for each result of the batch, then `` 1 2 ... N`` if counting."""
+    default = directives.default_tool_name
+    results = (f"Tool {_tool_name(messages, m, default)} returned: {message_text(m)}" for m in batch)
+    return "; ".join(results) + "".join(f" {i}" for i in range(1, (directives.count_to or 0) + 1))
 
 
 def _resume_words(text: str, prior: str) -> list[str]:
@@ -246,37 +347,42 @@ def _count_pieces(n: int, prior: str) -> list[str]:
     return [str(i) if i == 1 and not prior.strip() else f" {i}" for i in range(start, n + 1)]
 
 
-def _tool_call_deltas(name: str, arguments: str) -> list[Json]:
-    call_id = "call_" + hashlib.sha256(f"{name}:{arguments}".encode()).hexdigest()[:24]
-    first = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+def _tool_call_deltas(index: int, call_id: str, tool: ToolDirective) -> list[Json]:
+    """The deltas of one tool call: its id and name, then its arguments in up to three pieces."""
+    name, arguments = tool.name, tool.arguments
+    first = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
     n = 3 if len(arguments) >= 6 else min(len(arguments), 2)
     bounds = [round(i * len(arguments) / n) for i in range(n + 1)] if n else [0]
     pieces = [arguments[a:b] for a, b in itertools.pairwise(bounds)]
     return [{"tool_calls": [first]}] + [
-        {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces
+        {"tool_calls": [{"index": index, "function": {"arguments": piece}}]} for piece in pieces
     ]
 
 
-def plan_reply(messages: list[Json]) -> Plan:
-    """Decide the reply to a request from its messages (see the module docstring)."""
+def _tool_step_deltas(tools: list[ToolDirective], serial: int) -> list[Json]:
+    """One step of parallel calls; ids ``call_<serial>_<index>`` are unique per response number."""
+    return [d for i, tool in enumerate(tools) for d in _tool_call_deltas(i, f"call_{serial}_{i}", tool)]
+
+
+def plan_reply(messages: list[Json], serial: int = 0) -> Plan:
+    """Decide the reply to a request from its messages; ``serial`` numbers the response (tool call ids)."""
     prompt = _prompt_index(messages)
     directives = parse_directives(message_text(messages[prompt]) if prompt >= 0 else "")
     tools = [i for i in range(prompt + 1, len(messages)) if messages[i].get("role") == "tool"]
     start = tools[-1] if tools else prompt
     prior = "".join(message_text(m) for m in messages[start + 1 :] if m.get("role") == "assistant")
     follow_up = prompt != len(messages) - 1
+    pending = _pending_tools(directives, messages, prompt)
+    if pending:
+        return Plan(_tool_step_deltas(pending, serial), "tool_calls", directives, follow_up, serial=serial)
     if tools:
-        name = _tool_name(messages, messages[tools[-1]], directives.tool_name)
-        text = f"Tool {name} returned: {message_text(messages[tools[-1]])}"
+        text = _follow_up_text(messages, _latest_batch(messages, prompt, tools[-1]), directives)
         deltas = [{"content": w} for w in _resume_words(text, prior)]
-    elif directives.tool_name is not None:
-        deltas = _tool_call_deltas(directives.tool_name, directives.tool_arguments)
-        return Plan(deltas, "tool_calls", directives, follow_up)
     elif directives.count_to is not None:
         deltas = [{"content": p} for p in _count_pieces(directives.count_to, prior)]
     else:
         deltas = [{"content": w} for w in _resume_words(FIXED_REPLY, prior)]
-    return Plan(deltas, "stop", directives, follow_up)
+    return Plan(deltas, "stop", directives, follow_up, serial=serial)
 
 
 def count_prompt_tokens(messages: list[Json]) -> int:
@@ -386,11 +492,14 @@ def _final_message(plan: Plan) -> Json:
     """The non-streaming message equivalent to the plan's deltas."""
     if plan.finish_reason != "tool_calls":
         return {"role": "assistant", "content": "".join(d.get("content", "") for d in plan.deltas)}
-    first = plan.deltas[0]["tool_calls"][0]
-    arguments = "".join(d["tool_calls"][0]["function"]["arguments"] for d in plan.deltas[1:])
-    call = {"id": first["id"], "type": "function", "function": {"name": first["function"]["name"]}}
-    call["function"]["arguments"] = arguments
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
+    calls: dict[int, Json] = {}
+    for piece in (p for delta in plan.deltas for p in delta["tool_calls"]):
+        index, function = piece["index"], piece["function"]
+        if index not in calls:  # the first piece of a call carries its id and name
+            calls[index] = {"id": piece["id"], "type": "function", "function": dict(function)}
+        else:
+            calls[index]["function"]["arguments"] += function["arguments"]
+    return {"role": "assistant", "content": None, "tool_calls": [calls[i] for i in sorted(calls)]}
 
 
 async def _complete(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
@@ -430,13 +539,13 @@ def _new_reply(request: web.Request, body: Json, messages: list[Json], plan: Pla
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
     model = str(body.get("model") or MODEL_NAME)
     prompt_tokens = count_prompt_tokens(messages)
-    return _Reply(f"chatcmpl-scripted-{next(state.ids)}", model, int(time.time()), prompt_tokens, rate, usage)
+    return _Reply(f"chatcmpl-scripted-{plan.serial}", model, int(time.time()), prompt_tokens, rate, usage)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         body, messages = await _read_messages(request)
-        plan = plan_reply(messages)
+        plan = plan_reply(messages, next(request.app[STATE_KEY].ids))
     except BadRequestError as exc:
         log.info("%s %s rejected: %s", request.method, request.path, exc)
         return _error_response(400, error_body(str(exc), "invalid_request_error", None))

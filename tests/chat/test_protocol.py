@@ -188,8 +188,10 @@ def test_tool_result_auto_continue_false_is_kept() -> None:
     assert parsed.auto_continue is False
 
 
-@pytest.mark.parametrize("auto_continue", [True, False, None])
-def test_tool_result_output_error_forces_auto_continue_false(auto_continue: bool | None) -> None:
+@pytest.mark.parametrize(("auto_continue", "expected"), [(True, True), (False, False), (None, False)])
+def test_tool_result_output_error_defaults_auto_continue_false(
+    auto_continue: bool | None, expected: bool
+) -> None:
     fields: dict[str, Any] = {"type": p.TOOL_RESULT, "toolCallId": "c", "state": "output-error"}
     fields["errorText"] = "it broke"
     if auto_continue is not None:
@@ -198,7 +200,7 @@ def test_tool_result_output_error_forces_auto_continue_false(auto_continue: bool
     assert isinstance(parsed, ToolResult)
     assert parsed.state == "output-error"
     assert parsed.error_text == "it broke"
-    assert parsed.auto_continue is False
+    assert parsed.auto_continue is expected
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,177 @@
+"""Client interactions: tool results and approvals applied to the transcript, and auto-continuation.
+
+A result or approval updates the tool part it answers (in the stored message, or, when the turn that
+asked for it has not stored its message yet, in a buffer that turn applies when it finishes). Once
+every call of the message's batch is answered and any answer asked for it, a continuation turn starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from recovery.models import Fiber
+
+from .models import Conversation, Message
+from .protocol import ToolApproval, ToolResult
+from .repair import batch_complete, is_settled
+
+logger = logging.getLogger(__name__)
+
+DENIED_TEXT = "Tool execution denied by user"
+
+Part = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InteractionResult:
+    status: str  # "applied", "buffered", "noop" (already answered) or "unknown" (no such tool call)
+    message: dict[str, Any] | None = None  # the updated message, for cf_agent_message_updated
+    continuation_request_id: str | None = None
+
+
+def result_update(part: Part, update: dict[str, Any]) -> Part | None:
+    """The part answered by a client tool result; None when it is not waiting for one."""
+    if part.get("state") not in ("input-available", "approval-requested", "approval-responded"):
+        return None
+    if update.get("state") == "output-error":
+        return {**part, "state": "output-error", "errorText": update.get("errorText") or DENIED_TEXT}
+    return {**part, "state": "output-available", "output": update.get("output"), "preliminary": False}
+
+
+def approval_update(part: Part, update: dict[str, Any]) -> Part | None:
+    """The part after a human's decision; None when it is not waiting for one."""
+    if part.get("state") not in ("input-available", "approval-requested"):
+        return None
+    approved = bool(update.get("approved"))
+    approval = {**(part.get("approval") or {}), "approved": approved}
+    approval.setdefault("id", part.get("toolCallId"))
+    return {**part, "state": "approval-responded" if approved else "output-denied", "approval": approval}
+
+
+UPDATERS: dict[str, Callable[[Part, dict[str, Any]], Part | None]] = {
+    "result": result_update,
+    "approval": approval_update,
+}
+
+
+def _find(conversation_id: int, tool_call_id: str) -> tuple[Message, int] | None:
+    candidates = Message.objects.filter(
+        conversation_id=conversation_id,
+        role=Message.Role.ASSISTANT,
+        parts__contains=[{"toolCallId": tool_call_id}],
+    ).order_by("-position")
+    for message in candidates[:1]:
+        for index, part in enumerate(message.parts):
+            if part.get("toolCallId") == tool_call_id:
+                return message, index
+    return None
+
+
+def _apply(conversation: Conversation, update: dict[str, Any]) -> tuple[str, Message | None]:
+    found = _find(conversation.pk, update["toolCallId"])
+    if found is None:
+        return "unknown", None
+    message, index = found
+    new_part = UPDATERS[update["kind"]](message.parts[index], update)
+    if new_part is None:
+        return "noop", message
+    message.parts = [*message.parts[:index], new_part, *message.parts[index + 1 :]]
+    message.save(update_fields=["parts", "updated_at"])
+    if update.get("autoContinue"):
+        conversation.continue_armed = message.message_id
+    return "applied", message
+
+
+def continuation_due(conversation: Conversation, message: Message) -> bool:
+    """The armed batch of `message` is complete and the message is still the leaf."""
+    if conversation.continue_armed != message.message_id:
+        return False
+    if not batch_complete(message.as_ui_message()):
+        return False
+    leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
+    return leaf is not None and leaf.pk == message.pk
+
+
+def interaction_apply(*, conversation_id: int, update: dict[str, Any]) -> InteractionResult:
+    """Apply one result or approval (`update["kind"]`); buffered while its turn is still finishing."""
+    from .services import turn_start_followup
+
+    with transaction.atomic():
+        conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
+        if update.get("clientTools") is not None:
+            conversation.last_client_tools = update["clientTools"]
+        status, message = _apply(conversation, update)
+        in_flight = [Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]  # its message is not stored yet
+        if (
+            status == "unknown"
+            and Fiber.objects.filter(conversation=conversation, status__in=in_flight).exists()
+        ):
+            conversation.tool_updates = [*conversation.tool_updates, update]
+            status = "buffered"
+        continuation = None
+        if status == "applied" and message is not None and continuation_due(conversation, message):
+            conversation.continue_armed = ""
+            continuation = turn_start_followup(conversation=conversation, require_idle=False).request_id
+        conversation.save(update_fields=["last_client_tools", "tool_updates", "continue_armed", "updated_at"])
+    ui_message = message.as_ui_message() if status == "applied" and message is not None else None
+    return InteractionResult(status, ui_message, continuation)
+
+
+def tool_result_apply(*, conversation_id: int, result: ToolResult) -> InteractionResult:
+    return interaction_apply(
+        conversation_id=conversation_id,
+        update={
+            "kind": "result",
+            "toolCallId": result.tool_call_id,
+            "output": result.output,
+            "state": result.state,
+            "errorText": result.error_text,
+            "autoContinue": result.auto_continue,
+            "clientTools": result.client_tools,
+        },
+    )
+
+
+def tool_approval_apply(*, conversation_id: int, approval: ToolApproval) -> InteractionResult:
+    return interaction_apply(
+        conversation_id=conversation_id,
+        update={
+            "kind": "approval",
+            "toolCallId": approval.tool_call_id,
+            "approved": approval.approved,
+            "autoContinue": approval.auto_continue,
+        },
+    )
+
+
+def buffered_updates_apply(conversation: Conversation) -> list[dict[str, Any]]:
+    """Apply what arrived while the finishing turn ran (call with the conversation locked)."""
+    messages: dict[str, dict[str, Any]] = {}
+    for update in conversation.tool_updates:
+        status, message = _apply(conversation, update)
+        if status == "unknown":
+            logger.info("tool update for unknown call %s dropped", update.get("toolCallId"))
+        elif status == "applied" and message is not None:
+            messages[message.message_id] = message.as_ui_message()
+    conversation.tool_updates = []
+    return list(messages.values())
+
+
+def foreign_updates_apply(*, conversation_id: int, updates: list[dict[str, Any]]) -> None:
+    """Tool outputs a continuation produced for calls of an earlier message; the first write wins."""
+    for update in updates:
+        found = _find(conversation_id, str(update.get("toolCallId")))
+        if found is None:
+            continue
+        message, index = found
+        part = message.parts[index]
+        if is_settled(part):
+            continue
+        changes = {k: v for k, v in update.items() if k != "toolCallId"}
+        message.parts = [*message.parts[:index], {**part, **changes}, *message.parts[index + 1 :]]
+        message.save(update_fields=["parts", "updated_at"])

@@ -1,0 +1,194 @@
+"""The model/tool loop of one turn: model steps streamed as UI chunks, server tools run between steps.
+
+A step that ends with tool calls runs the server tools and starts the next step with their results;
+a client tool or a tool that needs approval ends the turn, and the human's answer continues it later
+(see `chat.interactions`). Tools a human approved earlier run first, before any model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from recovery import diagnostics
+
+from . import llm
+from .chunking import ToolCall, UIChunker
+from .folding import MessageAccumulator, is_tool_part, tool_name_of
+from .interactions import result_update
+from .tools import Tool, ToolOutcome, Toolset, tool_execute
+from .transcript import to_model_messages
+
+if TYPE_CHECKING:
+    from .agents import Think
+
+logger = logging.getLogger(__name__)
+
+CONTINUE_PROMPT = "Continue your previous response from exactly where it left off. Do not repeat any of it."
+UNKNOWN_TOOL = "The model called a tool that does not exist: {name}"
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class StreamStalled(Exception):
+    """The model stream was silent for longer than the stall timeout (reference §10)."""
+
+    def __init__(self, timeout_ms: int) -> None:
+        super().__init__(
+            f"Chat stream stalled: no activity for {timeout_ms}ms;"
+            " the turn was aborted by the stall watchdog."
+        )
+        self.timeout_ms = timeout_ms
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one model step did; given to `Think.on_step_finish`."""
+
+    number: int
+    finish_reason: str | None
+    tool_calls: list[ToolCall]
+    waiting_for_human: bool
+    prompt_tokens: int | None
+
+
+class ModelLoop:
+    def __init__(
+        self,
+        *,
+        agent: Think,
+        messages: list[dict[str, Any]],
+        toolset: Toolset,
+        accumulator: MessageAccumulator,
+        continuation: bool,
+        request_id: str,
+        emit: Emit,
+    ) -> None:
+        self.agent = agent
+        self.messages = messages
+        self.toolset = toolset
+        self.accumulator = accumulator
+        self.continuation = continuation
+        self.request_id = request_id
+        self.emit = emit
+
+    async def _emit_all(self, chunks: list[dict[str, Any]]) -> None:
+        for chunk in chunks:
+            await self.emit(chunk)
+
+    async def run(self) -> None:
+        chunker = UIChunker(self.accumulator.message_id)
+        await self._emit_all(chunker.start())
+        await self._run_approved()
+        for number in range(1, int(self.agent.max_steps) + 1):
+            await self._emit_all(chunker.step_start())
+            await self._stream_step(chunker)
+            await self._emit_all(chunker.step_end())
+            calls = chunker.take_tool_calls()
+            waiting = await self._handle_calls(calls)
+            await self.emit({"type": "finish-step"})
+            usage = chunker.step_usage
+            step = StepResult(
+                number, chunker.finish_reason, calls, waiting, usage.prompt_tokens if usage else None
+            )
+            await _maybe_await(self.agent.on_step_finish(step))
+            if not calls or waiting:
+                break
+        await self._emit_all(chunker.finish())
+
+    def model_messages(self) -> list[dict[str, Any]]:
+        history = list(self.messages)
+        if self.accumulator.has_content:
+            history.append(self.accumulator.message())
+        model_messages = to_model_messages(history, system_prompt=self.agent.get_system_prompt())
+        if self.continuation and model_messages and model_messages[-1]["role"] == "assistant":
+            # Some providers reject assistant prefill: ask to continue instead (never persisted).
+            model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
+        return model_messages
+
+    async def _stream_step(self, chunker: UIChunker) -> None:
+        extra: dict[str, Any] = {"tools": self.toolset.schemas()} if self.toolset else {}
+        events = llm.stream_chat(
+            model=self.agent.completion_kwargs(), messages=self.model_messages(), **extra
+        )
+        stall_ms = int(self.agent.chat_stream_stall_timeout_ms)
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(stall_ms / 1000 if stall_ms > 0 else None):
+                        event = await events.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    diagnostics.emit(
+                        "chat:stream:stalled",
+                        {"requestId": self.request_id, "timeoutMs": stall_ms},
+                        agent=self.agent.agent,
+                        name=self.agent.name,
+                    )
+                    raise StreamStalled(stall_ms) from None
+                await self._emit_all(chunker.feed(event))
+        finally:
+            await events.aclose()
+
+    async def _handle_calls(self, calls: list[ToolCall]) -> bool:
+        """Run the step's server tools (in parallel); True when a human must act before the next step."""
+        waiting = False
+        runs = []
+        for call in calls:
+            if call.input is None:
+                continue  # a tool-input-error part already settled it
+            item = self.toolset.get(call.name)
+            if item is None:
+                await self.emit(ToolOutcome(error_text=UNKNOWN_TOOL.format(name=call.name)).chunk(call.id))
+            elif item.is_client:
+                waiting = True
+            elif item.needs_approval:
+                approval = {
+                    "type": "tool-approval-request",
+                    "approvalId": str(uuid.uuid4()),
+                    "toolCallId": call.id,
+                }
+                await self.emit(approval)
+                waiting = True
+            else:
+                runs.append(self._run_tool(item, call.id, call.input))
+        await asyncio.gather(*runs)
+        return waiting
+
+    async def _run_tool(self, item: Tool, tool_call_id: str, tool_input: Any) -> None:
+        outcome = await tool_execute(item, tool_input)
+        await self.emit(outcome.chunk(tool_call_id))
+
+    async def _run_approved(self) -> None:
+        """Execute the tools a human approved in the last assistant message (their results go there)."""
+        last = next((m for m in reversed(self.messages) if m.get("role") == "assistant"), None)
+        if last is None:
+            return
+        for index, part in enumerate(last.get("parts") or []):
+            if not (is_tool_part(part) and part.get("state") == "approval-responded"):
+                continue
+            if not (part.get("approval") or {}).get("approved"):
+                continue
+            item = self.toolset.get(tool_name_of(part))
+            if item is None or item.is_client:
+                outcome = ToolOutcome(error_text=UNKNOWN_TOOL.format(name=tool_name_of(part)))
+            else:
+                outcome = await tool_execute(item, part.get("input"))
+            chunk = outcome.chunk(str(part["toolCallId"]))
+            await self.emit(chunk)
+            # The model of this turn sees the result in the earlier message.
+            changes = {k: v for k, v in chunk.items() if k not in ("type", "toolCallId")}
+            state = "output-error" if outcome.error_text is not None else "output-available"
+            settled = result_update({**part, "state": "approval-responded"}, {"state": state, **changes})
+            last["parts"][index] = settled or part
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value

@@ -1,0 +1,161 @@
+"""Tools: server tools (run in the worker), client tools (declared by the client) and approvals.
+
+A server tool is a Python callable, sync or async, called with the model's input object as keyword
+arguments. A tool without `execute` is answered by the client (`cf_agent_tool_result`); a tool with
+`needs_approval` waits for a human's `cf_agent_tool_approval` before it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_OUTPUT_CHARS = 200_000
+
+
+def _empty_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool the model may call. `execute` None means the client answers it."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=_empty_schema)
+    execute: Callable[..., Any] | None = None
+    needs_approval: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not TOOL_NAME.match(self.name):
+            raise ValueError(f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
+        if not isinstance(self.parameters, dict) or self.parameters.get("type", "object") != "object":
+            raise ValueError(f"tool {self.name!r}: parameters must be a JSON schema of type 'object'")
+        if self.execute is not None and not callable(self.execute):
+            raise TypeError(f"tool {self.name!r}: execute must be callable")
+        if self.needs_approval and self.execute is None:
+            raise ValueError(f"tool {self.name!r}: needs_approval requires a server tool with execute")
+
+    @property
+    def is_client(self) -> bool:
+        return self.execute is None
+
+    def schema(self) -> dict[str, Any]:
+        """The chat-completions `tools` entry."""
+        function: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        if self.description:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    needs_approval: bool = False,
+) -> Any:
+    """Decorator: `@tool` or `@tool(parameters={...}, needs_approval=True)` turns a function into a Tool."""
+
+    def wrap(func: Callable[..., Any]) -> Tool:
+        return Tool(
+            name=name or func.__name__,
+            description=description if description is not None else inspect.getdoc(func) or "",
+            parameters=parameters if parameters is not None else _empty_schema(),
+            execute=func,
+            needs_approval=needs_approval,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def client_tool_from_declaration(declaration: dict[str, Any]) -> Tool | None:
+    """A client tool from the request body's `clientTools` entry; None when the entry is unusable."""
+    parameters = declaration.get("parameters")
+    try:
+        return Tool(
+            name=str(declaration.get("name", "")),
+            description=str(declaration.get("description") or ""),
+            parameters=parameters if isinstance(parameters, dict) else _empty_schema(),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+class Toolset:
+    """The tools of one turn: the agent's server tools, then the client's (a server tool wins a name)."""
+
+    def __init__(self, server: Iterable[Tool], client: Iterable[dict[str, Any]] | None = None) -> None:
+        self.tools: dict[str, Tool] = {}
+        for item in server:
+            if not isinstance(item, Tool):
+                raise TypeError(f"get_tools() must return Tool objects, got {item!r}")
+            self.tools[item.name] = item
+        for declaration in client or ():
+            declared = client_tool_from_declaration(declaration) if isinstance(declaration, dict) else None
+            if declared is not None and declared.name not in self.tools:
+                self.tools[declared.name] = declared
+
+    def get(self, name: str) -> Tool | None:
+        return self.tools.get(name)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools.values()]
+
+    @property
+    def client_names(self) -> set[str]:
+        return {name for name, t in self.tools.items() if t.is_client}
+
+    def __bool__(self) -> bool:
+        return bool(self.tools)
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    output: Any = None
+    error_text: str | None = None
+
+    def chunk(self, tool_call_id: str) -> dict[str, Any]:
+        if self.error_text is not None:
+            return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": self.error_text}
+        return {"type": "tool-output-available", "toolCallId": tool_call_id, "output": self.output}
+
+
+def _json_safe(value: Any) -> Any:
+    """Outputs are stored as JSON: anything else is turned into its string form."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if len(text) > MAX_OUTPUT_CHARS:
+        raise ValueError(f"the tool output is larger than {MAX_OUTPUT_CHARS} characters")
+    return value
+
+
+async def tool_execute(item: Tool, tool_input: Any) -> ToolOutcome:
+    """Run a server tool; its exceptions become an output error the model can read."""
+    assert item.execute is not None
+    arguments = tool_input if isinstance(tool_input, dict) else {}
+    try:
+        inspect.signature(item.execute).bind(**arguments)
+    except TypeError as exc:
+        return ToolOutcome(error_text=f"Invalid input for tool {item.name}: {exc}")
+    try:
+        if inspect.iscoroutinefunction(item.execute):
+            result = await item.execute(**arguments)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(None, lambda: item.execute(**arguments))  # type: ignore[misc]
+            if inspect.isawaitable(result):
+                result = await result
+        return ToolOutcome(output=_json_safe(result))
+    except Exception as exc:
+        return ToolOutcome(error_text=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)

@@ -1,0 +1,237 @@
+"""Tools end to end: server tools in the worker, client tools answered over the socket, approvals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from chat.models import Conversation
+from recovery.models import Fiber
+from tests.agents import tool_runs
+from tests.support import (
+    ChatClient,
+    ConversationLog,
+    StreamLog,
+    chat_request,
+    follow_conversation,
+    user_message,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+AGENT = "tool-agent"
+
+
+def tag() -> str:
+    return f"tag-{uuid.uuid4().hex[:8]}"
+
+
+def tool_prompt(name: str, **arguments: Any) -> str:
+    return f"[tool {name} {json.dumps(arguments)}]"
+
+
+async def run_turn(client: ChatClient, text: str, **extra: Any) -> tuple[str, StreamLog]:
+    request_id = uuid.uuid4().hex[:8]
+    await client.send(chat_request(request_id, [user_message(text)], **extra))
+    return request_id, await client.follow(request_id, timeout=30)
+
+
+def tool_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in message["parts"] if str(p.get("type", "")).startswith("tool-")]
+
+
+def types(log: StreamLog) -> list[str]:
+    return [c["type"] for _, c in log.chunks]
+
+
+async def transcript(name: str) -> list[dict[str, Any]]:
+    from chat.selectors import messages_list
+
+    conversation = await Conversation.objects.aget(agent=AGENT, name=name)
+    return await sync_to_async(messages_list)(conversation_id=conversation.pk)
+
+
+def continued(log: ConversationLog) -> bool:
+    """A continuation stream (the auto-continuation after a tool answer) has finished."""
+    return any(
+        s.done is not None and s.done.get("continuation") and s.done.get("outcome") == "completed"
+        for s in log.streams.values()
+    )
+
+
+async def test_a_server_tool_runs_between_two_model_steps(stack: Any) -> None:
+    t = tag()
+    async with ChatClient(stack.port, f"tools-{t}", AGENT) as client:
+        _, log = await run_turn(client, tool_prompt("add", tag=t, a=2, b=3))
+    assert log.errors == [] and log.done is not None and log.done["outcome"] == "completed"
+    kinds = types(log)
+    assert kinds[:3] == ["start", "start-step", "tool-input-start"]
+    i_available, i_output = kinds.index("tool-input-available"), kinds.index("tool-output-available")
+    assert i_available < i_output < kinds.index("finish-step")
+    assert kinds.count("start-step") == 2 and kinds.count("finish-step") == 2 and kinds[-1] == "finish"
+    output = next(c for _, c in log.chunks if c["type"] == "tool-output-available")
+    assert output["output"] == 5
+    assert log.text == "Tool add returned: 5"
+    assert await sync_to_async(tool_runs)(t) == 1
+
+    messages = await transcript(f"tools-{t}")
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    [part] = tool_parts(messages[1])
+    assert part["type"] == "tool-add" and part["state"] == "output-available"
+    assert part["input"] == {"tag": t, "a": 2, "b": 3} and part["output"] == 5
+    assert [p["type"] for p in messages[1]["parts"]] == ["step-start", "tool-add", "step-start", "text"]
+
+
+async def test_an_async_tool_and_a_failing_tool(stack: Any) -> None:
+    t = tag()
+    async with ChatClient(stack.port, f"tools-{t}", AGENT) as client:
+        _, ok = await run_turn(client, tool_prompt("lookup", tag=t))
+        _, failed = await run_turn(client, tool_prompt("explode", tag=t))
+    assert ok.text == f'Tool lookup returned: {{"tag": "{t}", "found": true}}'
+    error = next(c for _, c in failed.chunks if c["type"] == "tool-output-error")
+    assert error["errorText"] == "RuntimeError: the tool exploded"
+    assert failed.text == "Tool explode returned: Error: RuntimeError: the tool exploded"
+    assert await sync_to_async(tool_runs)(t) == 2
+
+
+async def test_an_unknown_tool_is_an_output_error_the_model_reads(stack: Any) -> None:
+    async with ChatClient(stack.port, f"tools-{tag()}", AGENT) as client:
+        _, log = await run_turn(client, "[tool no_such_tool {}]")
+    error = next(c for _, c in log.chunks if c["type"] == "tool-output-error")
+    assert error["errorText"] == "The model called a tool that does not exist: no_such_tool"
+    assert log.done is not None and log.done["outcome"] == "completed"
+
+
+CLIENT_TOOLS = [
+    {
+        "name": "get_location",
+        "description": "The user's location, from the browser.",
+        "parameters": {"type": "object", "properties": {"tag": {"type": "string"}}},
+    }
+]
+
+
+async def test_a_client_tool_round_trip_continues_automatically(stack: Any) -> None:
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        request_id, log = await run_turn(client, tool_prompt("get_location", tag=t), clientTools=CLIENT_TOOLS)
+        assert log.done is not None and log.done["outcome"] == "completed"
+        available = next(c for _, c in log.chunks if c["type"] == "tool-input-available")
+        assert "tool-output-available" not in types(log), "the client answers a client tool"
+        messages = await transcript(name)
+        [part] = tool_parts(messages[-1])
+        assert part["state"] == "input-available"
+
+        result = {
+            "type": "cf_agent_tool_result",
+            "toolCallId": available["toolCallId"],
+            "toolName": "get_location",
+            "output": {"city": "Lisbon"},
+            "autoContinue": True,
+        }
+        await client.send(result)
+        updated = await client.recv_type("cf_agent_message_updated")
+        assert updated["message"]["id"] == messages[-1]["id"]
+        [answered] = tool_parts(updated["message"])
+        assert answered["state"] == "output-available" and answered["output"] == {"city": "Lisbon"}
+        followed = await follow_conversation(client, until=continued, timeout=30)
+
+    [continuation_id] = [r for r in followed.order if r != request_id]
+    stream = followed.streams[continuation_id]
+    assert all(c.get("type") for _, c in stream.chunks)
+    assert stream.text == 'Tool get_location returned: {"city": "Lisbon"}'
+    messages = await transcript(name)
+    assert [m["role"] for m in messages] == ["user", "assistant", "assistant"]
+    assert tool_parts(messages[1])[0]["state"] == "output-available"
+    fiber = await Fiber.objects.aget(request_id=continuation_id)
+    assert fiber.kind == Fiber.Kind.CONTINUE and fiber.snapshot["chat"]["continuation"] is True
+
+
+async def test_a_duplicate_or_unknown_tool_result_changes_nothing(stack: Any) -> None:
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, log = await run_turn(client, tool_prompt("get_location", tag=t), clientTools=CLIENT_TOOLS)
+        call_id = next(c for _, c in log.chunks if c["type"] == "tool-input-available")["toolCallId"]
+        result = {"type": "cf_agent_tool_result", "toolCallId": call_id, "toolName": "", "output": 1}
+        await client.send(result)
+        await follow_conversation(client, until=continued, timeout=30)
+        before = await transcript(name)
+        await client.send({**result, "output": 2})  # already answered: a no-op
+        await client.send({**result, "toolCallId": "call_nobody_made"})
+        with pytest.raises(TimeoutError):
+            await client.recv_type("cf_agent_message_updated", timeout=1.5)
+    assert await transcript(name) == before
+    conversation = await Conversation.objects.aget(agent=AGENT, name=name)
+    assert await Fiber.objects.filter(conversation=conversation).acount() == 2, "no second continuation"
+
+
+async def approval_turn(client: ChatClient, t: str) -> tuple[str, dict[str, Any]]:
+    request_id, log = await run_turn(client, tool_prompt("delete_file", tag=t))
+    assert log.done is not None and log.done["outcome"] == "completed"
+    request = next(c for _, c in log.chunks if c["type"] == "tool-approval-request")
+    assert "tool-output-available" not in types(log)
+    return request_id, request
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_an_approval_round_trip(stack: Any, approved: bool) -> None:
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        request_id, request = await approval_turn(client, t)
+        messages = await transcript(name)
+        [part] = tool_parts(messages[-1])
+        assert part["state"] == "approval-requested" and part["approval"] == {"id": request["approvalId"]}
+        assert await sync_to_async(tool_runs)(t) == 0, "nothing runs before the human decides"
+
+        await client.send(
+            {"type": "cf_agent_tool_approval", "toolCallId": request["toolCallId"], "approved": approved}
+        )
+        updated = await client.recv_type("cf_agent_message_updated")
+        [decided] = tool_parts(updated["message"])
+        assert decided["state"] == ("approval-responded" if approved else "output-denied")
+        assert decided["approval"] == {"id": request["approvalId"], "approved": approved}
+        followed = await follow_conversation(client, until=continued, timeout=30)
+
+    [continuation_id] = [r for r in followed.order if r != request_id]
+    stream = followed.streams[continuation_id]
+    messages = await transcript(name)
+    [settled] = tool_parts(messages[1])
+    if approved:
+        assert ("tool-output-available", request["toolCallId"]) in [
+            (c["type"], c.get("toolCallId")) for _, c in stream.chunks
+        ], "the approved tool's output is part of the continuation stream"
+        assert settled["state"] == "output-available" and settled["output"] == f"deleted {t}"
+        assert stream.text == f"Tool delete_file returned: deleted {t}"
+        assert await sync_to_async(tool_runs)(t) == 1
+    else:
+        assert settled["state"] == "output-denied"
+        assert stream.text == "Tool delete_file returned: The user denied this tool call."
+        assert await sync_to_async(tool_runs)(t) == 0
+    assert [m["role"] for m in messages] == ["user", "assistant", "assistant"]
+
+
+async def test_approval_without_auto_continue_waits(stack: Any) -> None:
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, request = await approval_turn(client, t)
+        approval = {
+            "type": "cf_agent_tool_approval",
+            "toolCallId": request["toolCallId"],
+            "approved": True,
+            "autoContinue": False,
+        }
+        await client.send(approval)
+        await client.recv_type("cf_agent_message_updated")
+        await asyncio.sleep(1)
+    conversation = await Conversation.objects.aget(agent=AGENT, name=name)
+    assert await Fiber.objects.filter(conversation=conversation).acount() == 1
+    assert await sync_to_async(tool_runs)(t) == 0
