@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.utils.module_loading import import_string
 
@@ -16,6 +19,21 @@ from .conf import default_model, think_setting
 from .loop import StepResult
 from .repair import default_repair, pending_interaction
 from .tools import Tool, tool
+
+if TYPE_CHECKING:
+    from .models import Submission
+    from .programmatic import ChatResult, TurnResult
+    from .submissions import SubmitResult
+
+ChunkCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    fiber_id: Any
+    fencing: int
+    request_id: str
+
 
 __all__ = [
     "Assistant",
@@ -28,7 +46,9 @@ __all__ = [
     "UnknownAgent",
     "agent_class",
     "agent_for",
+    "current_agent",
     "kebab",
+    "open_agent",
     "tool",
 ]
 
@@ -74,6 +94,7 @@ class Think:
         self.agent = agent
         self.name = name
         self.conversation_id = conversation_id
+        self.turn: TurnContext | None = None  # set while this instance runs a turn
 
     def get_model(self) -> str | dict[str, Any]:
         """A litellm model string, or a dict of litellm completion kwargs (model, api_base, ...)."""
@@ -163,25 +184,131 @@ class Think:
                 return False
             await asyncio.sleep(0.1)
 
+    # -- entry paths (SPEC §2): each runs its turn inside a recoverable fiber ---------------------------
+    def save_messages(self, messages: Any, *, wait: bool = True, timeout: float | None = None) -> TurnResult:
+        """Append messages (a list, or a function of the current transcript) and run a turn.
+
+        Waits for a running turn to finish first. With `wait`, returns the outcome (`completed`, `error`,
+        `aborted`), following any recovery of the turn; otherwise `accepted` at once.
+        """
+        from .programmatic import turn_start_programmatic, turn_wait
+
+        conversation_id = self._require_conversation()
+        started = turn_start_programmatic(conversation_id=conversation_id, messages=messages, timeout=timeout)
+        if not wait:
+            return started
+        return turn_wait(conversation_id=conversation_id, request_id=started.request_id, timeout=timeout)
+
     def continue_last_turn(
         self,
         body: dict[str, Any] | None = None,
         *,
-        root_request_id: str | None = None,
-        incident_id: str | None = None,
-    ) -> Any:
-        """Start a durable turn that continues the last assistant message (skipped unless it is the leaf)."""
-        from recovery.models import Fiber
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> TurnResult:
+        """Continue the last assistant message in a new turn.
 
+        The model is asked to go on where the message stopped; its answer is a new assistant message.
+        Skipped (request id "") unless the last message is an assistant message.
+        """
+        from .programmatic import TurnResult, turn_wait
         from .services import turn_start_recovered
 
-        return turn_start_recovered(
-            conversation_id=self._require_conversation(),
-            kind=Fiber.Kind.CONTINUE,
-            root_request_id=root_request_id or "",
-            incident_id=incident_id,
+        conversation_id = self._require_conversation()
+        started = turn_start_recovered(
+            conversation_id=conversation_id,
+            kind="continue",
+            root_request_id="",
+            incident_id=None,
             last_body=body,
         )
+        if started.status == "skipped":
+            return TurnResult("", "skipped")
+        if not wait:
+            return TurnResult(started.request_id, "accepted")
+        return turn_wait(conversation_id=conversation_id, request_id=started.request_id, timeout=timeout)
+
+    def submit_messages(
+        self,
+        messages: Any,
+        *,
+        submission_id: str | None = None,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SubmitResult:
+        """Accept messages durably and run them as a turn when the conversation is free (idempotent)."""
+        from .submissions import submission_create
+
+        return submission_create(
+            conversation_id=self._require_conversation(),
+            messages=messages,
+            submission_id=submission_id,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+        )
+
+    def cancel_submission(self, submission_id: str) -> bool:
+        """Abort a pending or running submission; False when it had already ended."""
+        from .submissions import submission_cancel
+
+        return submission_cancel(conversation_id=self._require_conversation(), submission_id=submission_id)
+
+    def get_submission(self, submission_id: str) -> Submission:
+        from .submissions import submission_get
+
+        return submission_get(conversation_id=self._require_conversation(), submission_id=submission_id)
+
+    def list_submissions(self) -> list[Submission]:
+        from .models import Submission
+
+        return list(Submission.objects.filter(conversation_id=self._require_conversation()))
+
+    def delete_submission(self, submission_id: str) -> bool:
+        """Delete a finished submission (open ones are kept: False)."""
+        from .submissions import submission_delete
+
+        return submission_delete(conversation_id=self._require_conversation(), submission_id=submission_id)
+
+    async def achat(
+        self, messages: Any, *, on_chunk: ChunkCallback | None = None, timeout: float | None = None
+    ) -> ChatResult:
+        """Run a turn in this process, streaming each UI chunk to `on_chunk` (sync or async).
+
+        The turn is durable like any other: if this process dies, recovery finishes it on a worker.
+        """
+        from .programmatic import chat_run
+
+        return await chat_run(self, messages, on_chunk=on_chunk, timeout=timeout)
+
+    def chat(
+        self, messages: Any, *, on_chunk: ChunkCallback | None = None, timeout: float | None = None
+    ) -> ChatResult:
+        """achat() for synchronous callers (a view, a management command, a Celery task)."""
+        from recovery import runtime
+
+        return runtime.run(self.achat(messages, on_chunk=on_chunk, timeout=timeout))
+
+    def stash(self, data: Any) -> None:
+        """Keep JSON data with the running turn; recovery hands it back as `ctx.recovery_data`."""
+        from recovery.fibers import fiber_stash
+
+        turn = self.turn
+        if turn is None:
+            raise RuntimeError("stash() is only available while a turn of this agent runs")
+        fiber_stash(fiber_id=turn.fiber_id, fencing=turn.fencing, data=data)
+
+    async def astash(self, data: Any) -> None:
+        from recovery.runtime import db
+
+        await db(self.stash, data)
+
+
+def current_agent() -> Think | None:
+    """The agent whose turn is running in this context (tools use it to reach `stash`, say)."""
+    return _current_agent.get()
+
+
+_current_agent: ContextVar[Think | None] = ContextVar("think_current_agent", default=None)
 
 
 class Assistant(Think):
@@ -213,3 +340,15 @@ def agent_class(name: str) -> type[Think]:
 
 def agent_for(agent: str, name: str, conversation_id: int | None = None) -> Think:
     return agent_class(agent)(agent=agent, name=name, conversation_id=conversation_id)
+
+
+def open_agent(agent: str, name: str) -> Think:
+    """The agent of a conversation, created if new: the start of programmatic use.
+
+    `open_agent("assistant", "support-42").save_messages(["Hello"])`
+    """
+    from .services import conversation_get_or_create
+
+    agent_class(agent)  # UnknownAgent before anything is written
+    conversation = conversation_get_or_create(agent=agent, name=name)
+    return agent_for(agent, name, conversation.pk)

@@ -259,12 +259,22 @@ def turn_finish(
         interactions_settle(conversation)
         if stream_id is not None:
             stream_close(stream_id=stream_id, status=outcome.stream_status)
-        fiber = Fiber.objects.only("request_id").get(pk=fiber_id)
+        fiber = Fiber.objects.only("request_id", "snapshot").get(pk=fiber_id)
         conversation.last_terminal = (
             {"requestId": fiber.request_id, "body": outcome.terminal} if outcome.terminal else None
         )
         conversation.save(update_fields=["last_terminal", "tool_updates", "continue_armed", "updated_at"])
-        transaction.on_commit(lambda: turn_enqueue_next(conversation_id=conversation_id))
+        root = ((fiber.snapshot or {}).get("chat") or {}).get("recoveryRootRequestId") or fiber.request_id
+        transaction.on_commit(lambda: turn_after(conversation_id=conversation_id, root_request_id=root))
+
+
+def turn_after(*, conversation_id: int, root_request_id: str) -> None:
+    """After a turn: start the next queued one, settle its submission, drain waiting submissions."""
+    from .submissions import submission_turn_finished, submissions_drain
+
+    turn_enqueue_next(conversation_id=conversation_id)
+    submission_turn_finished(conversation_id=conversation_id, root_request_id=root_request_id)
+    submissions_drain(conversation_id=conversation_id)
 
 
 def interactions_settle(conversation: Conversation) -> None:
@@ -294,10 +304,14 @@ def transcript_repair_save(
 
 
 def conversation_clear(*, conversation_id: int) -> None:
-    """Delete the transcript, stream buffers and request context; running turns are fenced out."""
+    """Delete the transcript, stream buffers and request context; running turns are fenced out and
+    open submissions skipped."""
+    from .submissions import submissions_skip_all
+
     with transaction.atomic():
         conversation = _lock_conversation(conversation_id)
         fibers_fence_out(conversation_id=conversation_id)
+        submissions_skip_all(conversation_id=conversation_id)
         Message.objects.filter(conversation=conversation).delete()
         Stream.objects.filter(conversation=conversation).delete()
         conversation.last_body = None

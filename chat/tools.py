@@ -8,6 +8,8 @@ arguments. A tool without `execute` is answered by the client (`cf_agent_tool_re
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import json
 import re
@@ -153,7 +155,9 @@ async def tool_execute(item: Tool, tool_input: Any) -> ToolOutcome:
             result = await item.execute(**arguments)
         else:
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(None, lambda: item.execute(**arguments))  # type: ignore[misc]
+            context = contextvars.copy_context()  # current_agent() works in sync tools too
+            call = functools.partial(context.run, item.execute, **arguments)
+            result = await loop.run_in_executor(None, call)
             if inspect.isawaitable(result):
                 result = await result
         return ToolOutcome(output=_json_safe(result))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 import uuid
@@ -22,7 +23,7 @@ from recovery.runtime import db
 from recovery.stream import StreamWriter, stream_open
 
 from . import broadcast, llm
-from .agents import Think, agent_for
+from .agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
 from .conf import think_setting
 from .folding import MessageAccumulator
 from .loop import ModelLoop, StreamStalled
@@ -39,19 +40,21 @@ logger = logging.getLogger(__name__)
 ACTIVE: set[asyncio.Task[None]] = set()
 
 
-async def turn_run(fiber_id: str) -> None:
+async def turn_run(fiber_id: str, *, on_chunk: ChunkCallback | None = None) -> TurnRunner | None:
     """Run the turn of a fiber; a duplicate delivery, or a fiber that is not pending, does nothing."""
     claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity())
     if claim is None:
         logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
-        return
+        return None
     task = asyncio.current_task()
     assert task is not None
     ACTIVE.add(task)
+    runner = TurnRunner(claim, on_chunk=on_chunk)
     try:
-        await TurnRunner(claim).run()
+        await runner.run()
     finally:
         ACTIVE.discard(task)
+    return runner
 
 
 def shutdown_all() -> int:
@@ -67,8 +70,9 @@ def _load(conversation_id: int) -> tuple[Conversation, list[dict[str, Any]]]:
 
 
 class TurnRunner:
-    def __init__(self, claim: Claim) -> None:
+    def __init__(self, claim: Claim, *, on_chunk: ChunkCallback | None = None) -> None:
         self.claim = claim
+        self.on_chunk = on_chunk
         self.conversation_id = claim.conversation_id
         self.request_id = claim.request_id
         chat_snapshot = (claim.snapshot or {}).get("chat") or {}
@@ -117,7 +121,13 @@ class TurnRunner:
             "chat:turn:start",
             {"requestId": self.request_id, "trigger": self.claim.kind, "continuation": self.continuation},
         )
-        await self._supervise(agent, messages)
+        agent.turn = TurnContext(self.claim.fiber_id, self.claim.fencing, self.request_id)
+        token = _current_agent.set(agent)
+        try:
+            await self._supervise(agent, messages)
+        finally:
+            _current_agent.reset(token)
+            agent.turn = None
         self._emit_event(
             "chat:turn:finish",
             {
@@ -201,6 +211,10 @@ class TurnRunner:
         self.accumulator.apply(chunk)
         if self.writer.add(chunk):
             await self._flush_shielded()
+        if self.on_chunk is not None:
+            result = self.on_chunk(chunk)
+            if inspect.isawaitable(result):
+                await result
 
     async def _flush_shielded(self) -> None:
         """Flush so that a cancel arriving mid-write cannot leave a committed segment unpublished."""

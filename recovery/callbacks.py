@@ -238,7 +238,13 @@ async def _retry(conversation: Conversation, data: dict[str, Any]) -> None:
     await _Callback(conversation, data, RETRY_CALLBACK).run()
 
 
-CALLBACKS = {CONTINUE_CALLBACK: _continue, RETRY_CALLBACK: _retry}
+async def _drain(conversation: Conversation, data: dict[str, Any]) -> None:
+    from chat.submissions import submissions_drain
+
+    await db(submissions_drain, conversation_id=conversation.pk)
+
+
+CALLBACKS = {CONTINUE_CALLBACK: _continue, RETRY_CALLBACK: _retry, "think_drain_submissions": _drain}
 
 
 async def settle_recovered_turn(*, conversation: Conversation, incident_id: str, outcome: str) -> None:

@@ -79,3 +79,25 @@ def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
             lease_expires_at=Now() - timedelta(seconds=1)
         )
     )
+
+
+# A pending fiber whose task was lost (its process died between commit and enqueue) runs after this long.
+REQUEUE_AFTER = timedelta(seconds=30)
+
+
+def fibers_requeue_stale(*, limit: int = 100) -> int:
+    """Enqueue again the head pending fiber of conversations where nothing runs and nothing moved.
+
+    Delivering run_turn twice is harmless (the claim lets one through); each fiber is re-sent at most
+    once per REQUEUE_AFTER, so a busy queue is not flooded.
+    """
+    from chat.services import turn_enqueue_next
+
+    stale = Fiber.objects.filter(status=Fiber.Status.PENDING, created_at__lt=Now() - REQUEUE_AFTER).filter(
+        Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=Now() - REQUEUE_AFTER)
+    )
+    conversations = list(stale.values_list("conversation_id", flat=True).distinct()[:limit])
+    for conversation_id in conversations:
+        stale.filter(conversation_id=conversation_id).update(heartbeat_at=Now())
+        turn_enqueue_next(conversation_id=conversation_id)
+    return len(conversations)

@@ -140,3 +140,25 @@ def next_pending_fiber(*, conversation_id: int) -> Any | None:
     return (
         fibers.filter(status=Fiber.Status.PENDING).order_by("created_at").values_list("pk", flat=True).first()
     )
+
+
+def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
+    """Store user data in the running fiber's snapshot (`ctx.recovery_data` on recovery), fenced."""
+    import json
+
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"stash() needs JSON-serialisable data: {exc}") from None
+    with transaction.atomic():
+        fiber = (
+            Fiber.objects.select_for_update()
+            .filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING)
+            .first()
+        )
+        if fiber is None:
+            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+        snapshot = dict(fiber.snapshot or {})
+        snapshot["user"] = data
+        fiber.snapshot = snapshot
+        fiber.save(update_fields=["snapshot"])

@@ -15,11 +15,13 @@ logger = logging.getLogger(__name__)
 @shared_task(name="think.recovery_tick", ignore_result=True)
 def recovery_tick(limit: int = 100) -> dict[str, int]:
     """Claim expired fibers and due alarms (one short SKIP LOCKED transaction) and hand each out."""
-    from .detection import tick_claim
+    from .detection import fibers_requeue_stale, tick_claim
     from .heartbeat import beat_touch
 
     claims = tick_claim(limit=limit)
     beat_touch()
+    requeued = fibers_requeue_stale(limit=limit)
+    settled = _submissions_sweep()
     for fiber_id in claims.fibers:
         recover_fiber.delay(str(fiber_id))
     for alarm_id in claims.alarms:
@@ -28,7 +30,22 @@ def recovery_tick(limit: int = 100) -> dict[str, int]:
         logger.info(
             "recovery tick: %s interrupted fibers, %s due alarms", len(claims.fibers), len(claims.alarms)
         )
-    return {"fibers": len(claims.fibers), "alarms": len(claims.alarms)}
+    return {
+        "fibers": len(claims.fibers),
+        "alarms": len(claims.alarms),
+        "requeued": requeued,
+        "submissions": settled,
+    }
+
+
+def _submissions_sweep() -> int:
+    from chat.submissions import submissions_sweep
+
+    try:
+        return submissions_sweep()
+    except Exception:  # never let it stop the tick that drives recovery
+        logger.exception("submission sweep failed")
+        return 0
 
 
 @shared_task(name="think.recover_fiber", acks_late=True, reject_on_worker_lost=True, ignore_result=True)

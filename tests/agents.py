@@ -10,7 +10,16 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, StepResult, Think, Tool, tool
+from chat.agents import (
+    ChatRecovery,
+    ChatRecoveryContext,
+    ChatRecoveryOptions,
+    StepResult,
+    Think,
+    Tool,
+    current_agent,
+    tool,
+)
 
 
 def probe_redis() -> redis.Redis:
@@ -125,3 +134,17 @@ class ToolAgent(Think):
         if part.get("type") == "tool-ask_user":
             return {"type": "text", "text": "(The question to the user was interrupted.)", "state": "done"}
         return super().repair_interrupted_tool_part(part)
+
+
+@tool(parameters={**TAGGED, "properties": {**TAGGED["properties"], "note": {"type": "string"}}})
+def remember(tag: str, note: str) -> str:
+    """Stash a note with the running turn (a sync tool reaching its agent)."""
+    agent = current_agent()
+    assert agent is not None
+    agent.stash({"tag": tag, "note": note})
+    return "noted"
+
+
+class StashAgent(Think):
+    def get_tools(self) -> list[Tool]:
+        return [remember]

@@ -35,6 +35,13 @@ def scripted_model() -> Iterator[ScriptedModelServer]:
     server.stop()
 
 
+@pytest.fixture
+def in_process_model(scripted_model: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Turns run in the test process itself (Think.chat()) reach the test's scripted model."""
+    monkeypatch.setenv("SCRIPTED_MODEL_URL", scripted_model.url)
+    return scripted_model.url
+
+
 @pytest.fixture(scope="session")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("logs")

@@ -40,6 +40,7 @@ THINK = {
         "recovery-probe": "tests.agents.RecoveryProbe",
         "stalling-agent": "tests.agents.StallingAgent",
         "tool-agent": "tests.agents.ToolAgent",
+        "stash-agent": "tests.agents.StashAgent",
     },
 }
 SECRET_KEY = "tests-only"

@@ -235,3 +235,65 @@ async def test_approval_without_auto_continue_waits(stack: Any) -> None:
     conversation = await Conversation.objects.aget(agent=AGENT, name=name)
     assert await Fiber.objects.filter(conversation=conversation).acount() == 1
     assert await sync_to_async(tool_runs)(t) == 0
+
+
+def store_orphans(name: str) -> None:
+    """A transcript an interruption left behind: two tool calls without results."""
+    from chat.models import Message
+    from chat.services import conversation_get_or_create
+
+    conversation = conversation_get_or_create(agent=AGENT, name=name)
+    parts = [
+        {"type": "step-start"},
+        {"type": "tool-add", "toolCallId": "call-orphan", "state": "input-streaming", "input": '{"a": 1'},
+        {"type": "tool-ask_user", "toolCallId": "call-ask", "state": "input-available", "input": {}},
+    ]
+    Message.objects.create(
+        conversation=conversation,
+        message_id="u0",
+        role="user",
+        parts=[{"type": "text", "text": "go"}],
+        position=0,
+    )
+    Message.objects.create(
+        conversation=conversation, message_id="a0", role="assistant", parts=parts, position=1
+    )
+
+
+async def test_an_orphan_is_repaired_and_persisted_before_the_next_model_call(
+    stack: Any, scripted_model: Any
+) -> None:
+    name = f"tools-{tag()}"
+    await sync_to_async(store_orphans)(name)
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, log = await run_turn(client, "count to 3")
+        frames = [f for f in client.frames if f["type"] == "cf_agent_chat_messages"]
+    assert log.text == "1 2 3"
+    messages = await transcript(name)
+    repaired = messages[1]["parts"]
+    assert repaired[1] == {
+        "type": "tool-add",
+        "toolCallId": "call-orphan",
+        "state": "output-error",
+        "input": {},
+        "errorText": "The tool call was interrupted before a result was recorded.",
+    }
+    assert repaired[2] == {
+        "type": "text",
+        "text": "(The question to the user was interrupted.)",
+        "state": "done",
+    }
+    assert any(f["messages"][1]["parts"] == repaired for f in frames if len(f["messages"]) > 1), (
+        "clients were sent the repaired transcript"
+    )
+    request = next(
+        r for r in reversed(scripted_model.requests) if r["messages"][-1].get("content") == "count to 3"
+    )
+    tool_messages = [m for m in request["messages"] if m["role"] == "tool"]
+    assert tool_messages == [
+        {
+            "role": "tool",
+            "tool_call_id": "call-orphan",
+            "content": "Error: The tool call was interrupted before a result was recorded.",
+        }
+    ]

@@ -1,0 +1,126 @@
+"""Tool results and approvals applied to stored messages: updates, buffering, batches, continuations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chat.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
+from chat.models import Conversation, Message
+from chat.services import interactions_settle
+from recovery.models import Fiber
+
+
+def part(state: str, call: str = "c1", **extra: Any) -> dict[str, Any]:
+    return {"type": "tool-x", "toolCallId": call, "state": state, "input": {}, **extra}
+
+
+# -- the pure updates -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("state", ["input-available", "approval-requested", "approval-responded"])
+def test_a_result_answers_a_waiting_call(state: str) -> None:
+    updated = result_update(part(state), {"state": "output-available", "output": {"a": 1}})
+    assert updated is not None
+    assert (updated["state"], updated["output"], updated["preliminary"]) == (
+        "output-available",
+        {"a": 1},
+        False,
+    )
+
+
+def test_an_error_result_gets_the_default_text() -> None:
+    updated = result_update(part("input-available"), {"state": "output-error", "errorText": None})
+    assert updated is not None and updated["errorText"] == DENIED_TEXT
+
+
+@pytest.mark.parametrize("state", ["output-available", "output-error", "output-denied", "input-streaming"])
+def test_a_result_for_a_call_that_is_not_waiting_is_a_no_op(state: str) -> None:
+    assert result_update(part(state), {"state": "output-available", "output": 1}) is None
+
+
+def test_an_approval_keeps_the_approval_id_and_records_the_decision() -> None:
+    requested = part("approval-requested", approval={"id": "ap-1"})
+    approved = approval_update(requested, {"approved": True})
+    denied = approval_update(requested, {"approved": False})
+    assert approved is not None and denied is not None
+    assert approved["state"] == "approval-responded" and approved["approval"] == {
+        "id": "ap-1",
+        "approved": True,
+    }
+    assert denied["state"] == "output-denied" and denied["approval"] == {"id": "ap-1", "approved": False}
+    assert approval_update(part("input-available"), {"approved": True})["approval"]["id"] == "c1"  # type: ignore[index]
+    assert approval_update(approved, {"approved": False}) is None, "a decision is final"
+
+
+# -- against the database -----------------------------------------------------------------------------------
+@pytest.fixture
+def conversation(db: Any) -> Conversation:
+    conversation = Conversation.objects.create(agent="assistant", name="interactions")
+    Message.objects.create(
+        conversation=conversation,
+        message_id="u1",
+        role="user",
+        parts=[{"type": "text", "text": "hi"}],
+        position=0,
+    )
+    return conversation
+
+
+def add_assistant(conversation: Conversation, *parts: dict[str, Any]) -> Message:
+    return Message.objects.create(
+        conversation=conversation, message_id="a1", role="assistant", parts=list(parts), position=1
+    )
+
+
+def result(call: str, *, auto: bool = True) -> dict[str, Any]:
+    return {
+        "kind": "result",
+        "toolCallId": call,
+        "state": "output-available",
+        "output": 7,
+        "autoContinue": auto,
+    }
+
+
+def test_the_last_answer_of_a_batch_starts_one_continuation(conversation: Conversation) -> None:
+    add_assistant(conversation, part("input-available", "c1"), part("input-available", "c2"))
+    first = interaction_apply(conversation_id=conversation.pk, update=result("c1"))
+    assert first.status == "applied" and first.continuation_request_id is None, "c2 still waits"
+    second = interaction_apply(conversation_id=conversation.pk, update=result("c2", auto=False))
+    assert second.continuation_request_id, "a sibling asked for it, so the batch continues"
+    fiber = Fiber.objects.get(request_id=second.continuation_request_id)
+    assert fiber.kind == Fiber.Kind.CONTINUE and fiber.snapshot["chat"]["continuation"] is True
+    again = interaction_apply(conversation_id=conversation.pk, update=result("c2"))
+    assert again.status == "noop" and again.message is None
+    assert Fiber.objects.filter(conversation=conversation).count() == 1
+
+
+def test_no_continuation_when_nobody_asked_for_one(conversation: Conversation) -> None:
+    add_assistant(conversation, part("input-available", "c1"))
+    applied = interaction_apply(conversation_id=conversation.pk, update=result("c1", auto=False))
+    assert applied.status == "applied" and applied.continuation_request_id is None
+    assert not Fiber.objects.filter(conversation=conversation).exists()
+
+
+def test_an_answer_for_an_unknown_call_is_dropped_when_no_turn_runs(conversation: Conversation) -> None:
+    outcome = interaction_apply(conversation_id=conversation.pk, update=result("nope"))
+    assert outcome.status == "unknown"
+    conversation.refresh_from_db()
+    assert conversation.tool_updates == []
+
+
+def test_an_answer_that_beats_its_turn_to_the_database_is_applied_when_the_turn_stores_its_message(
+    conversation: Conversation,
+) -> None:
+    Fiber.objects.create(conversation=conversation, request_id="r1", status=Fiber.Status.RUNNING)
+    outcome = interaction_apply(conversation_id=conversation.pk, update=result("c1"))
+    assert outcome.status == "buffered"
+    add_assistant(conversation, part("input-available", "c1"))  # the turn stores its message
+    Fiber.objects.filter(request_id="r1").update(status=Fiber.Status.COMPLETED)
+    conversation.refresh_from_db()
+    interactions_settle(conversation)
+    conversation.save()
+    stored = Message.objects.get(message_id="a1")
+    assert stored.parts[0]["state"] == "output-available" and stored.parts[0]["output"] == 7
+    assert conversation.tool_updates == []
+    assert Fiber.objects.filter(conversation=conversation, kind=Fiber.Kind.CONTINUE).count() == 1
