@@ -297,3 +297,44 @@ async def test_an_orphan_is_repaired_and_persisted_before_the_next_model_call(
             "content": "Error: The tool call was interrupted before a result was recorded.",
         }
     ]
+
+
+async def test_parallel_server_tools_run_in_one_step_and_the_answer_reads_every_result(stack: Any) -> None:
+    t = tag()
+    prompt = tool_prompt("add", tag=t, a=1, b=1) + " " + tool_prompt("lookup", tag=t)
+    async with ChatClient(stack.port, f"tools-{t}", AGENT) as client:
+        _, log = await run_turn(client, prompt)
+    outputs = [c for _, c in log.chunks if c["type"] == "tool-output-available"]
+    assert sorted(str(c["output"]) for c in outputs) == ["2", str({"tag": t, "found": True})]
+    kinds = types(log)
+    assert kinds.count("tool-input-available") == 2 and kinds.count("start-step") == 2
+    assert log.text == f'Tool add returned: 2; Tool lookup returned: {{"tag": "{t}", "found": true}}'
+    assert await sync_to_async(tool_runs)(t) == 2
+
+
+async def test_a_client_tool_batch_continues_only_once_every_call_is_answered(stack: Any) -> None:
+    t = tag()
+    name = f"tools-{t}"
+    prompt = tool_prompt("get_location", tag="first") + " " + tool_prompt("get_location", tag="second")
+    async with ChatClient(stack.port, name, AGENT) as client:
+        request_id, log = await run_turn(client, prompt, clientTools=CLIENT_TOOLS)
+        calls = [c["toolCallId"] for _, c in log.chunks if c["type"] == "tool-input-available"]
+        assert len(calls) == 2
+        for index, call in enumerate(calls):
+            result = {
+                "type": "cf_agent_tool_result",
+                "toolCallId": call,
+                "toolName": "get_location",
+                "output": index,
+            }
+            await client.send(result)
+            await client.recv_type("cf_agent_message_updated")
+            if index == 0:
+                conversation = await Conversation.objects.aget(agent=AGENT, name=name)
+                assert await Fiber.objects.filter(conversation=conversation).acount() == 1, "waits for call 2"
+        followed = await follow_conversation(client, until=continued, timeout=30)
+    [continuation_id] = [r for r in followed.order if r != request_id]
+    assert (
+        followed.streams[continuation_id].text
+        == "Tool get_location returned: 0; Tool get_location returned: 1"
+    )

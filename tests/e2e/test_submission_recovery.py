@@ -1,0 +1,53 @@
+"""A submission whose worker is killed mid-turn is continued by recovery and completes (reference §15.4)."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from typing import Any
+
+import pytest
+
+from chat.agents import open_agent
+from recovery.models import Fiber
+from tests.support import assistant_text, numbers, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def own_workers(recovery_stack: Any) -> Any:
+    yield
+    recovery_stack.stop_workers()
+
+
+def test_an_in_flight_submission_is_continued_to_completion(recovery_stack: Any) -> None:
+    worker = recovery_stack.start_worker()
+    agent = open_agent("assistant", f"sr-{uuid.uuid4().hex[:8]}")
+    result = agent.submit_messages(["count to 60 [rate 25]"])
+
+    def streaming() -> bool:
+        text = assistant_text(agent.messages())
+        fiber = Fiber.objects.filter(request_id=result.request_id).first()
+        return fiber is not None and fiber.status == "running" and not text and fiber.streams.exists()
+
+    wait_until(streaming, 20, "the submission's turn to stream")
+    wait_until(
+        lambda: Fiber.objects.get(request_id=result.request_id).streams.get().segments.count() >= 2,
+        20,
+        "chunks",
+    )
+    worker.kill(signal.SIGKILL)
+    assert agent.get_submission(result.submission_id).status == "running"
+    recovery_stack.start_worker()
+
+    def ended() -> bool:
+        return agent.get_submission(result.submission_id).status not in ("pending", "running")
+
+    wait_until(ended, 60, "the submission to end")
+    row = agent.get_submission(result.submission_id)
+    assert (row.status, row.error) == ("completed", "")
+    chain = Fiber.objects.filter(conversation_id=agent.conversation_id).order_by("created_at")
+    assert [f.kind for f in chain][:2] == [Fiber.Kind.PROGRAMMATIC, Fiber.Kind.CONTINUE]
+    assert all(f.snapshot["chat"]["recoveryRootRequestId"] == result.request_id for f in chain)
+    assert assistant_text(agent.messages()) == numbers(60)
