@@ -17,7 +17,15 @@ from recovery.incidents import ChatRecovery
 
 from .conf import default_model, think_setting
 from .loop import StepResult
+from .overflow import (
+    ChatErrorContext,
+    ContextOverflow,
+    Proactive,
+    default_context_overflow_classifier,
+    resolve_context_overflow,
+)
 from .repair import default_repair, pending_interaction
+from .session import CompactionResult, Session, create_compact_function
 from .tools import Tool, tool
 
 if TYPE_CHECKING:
@@ -36,6 +44,12 @@ class TurnContext:
 
 
 __all__ = [
+    "ChatErrorContext",
+    "CompactionResult",
+    "ContextOverflow",
+    "Proactive",
+    "create_compact_function",
+    "default_context_overflow_classifier",
     "Assistant",
     "ChatRecovery",
     "ChatRecoveryContext",
@@ -76,6 +90,10 @@ class Think:
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
     #: Model steps per turn: each step after the first follows server tool results.
     max_steps: ClassVar[int] = 10
+    #: Recover from a context window overflow by compacting (both layers need configure_session).
+    context_overflow: ClassVar[ContextOverflow | None] = None
+    #: Classifies a model error ("context_overflow", "rate_limit", "transient", "fatal", "unknown" or None).
+    classify_chat_error: Any = default_context_overflow_classifier
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -87,6 +105,7 @@ class Think:
         steps = cls.max_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{cls.__name__}.max_steps must be an int >= 1, got {steps!r}")
+        resolve_context_overflow(cls.context_overflow, cls.__name__)
         if not isinstance(cls.chat_recovery, ChatRecovery | bool | None):
             raise TypeError(f"{cls.__name__}.chat_recovery must be a ChatRecovery, got {cls.chat_recovery!r}")
 
@@ -95,6 +114,7 @@ class Think:
         self.name = name
         self.conversation_id = conversation_id
         self.turn: TurnContext | None = None  # set while this instance runs a turn
+        self._session: Session | None = None
 
     def get_model(self) -> str | dict[str, Any]:
         """A litellm model string, or a dict of litellm completion kwargs (model, api_base, ...)."""
@@ -114,6 +134,21 @@ class Think:
                 f"{type(self).__name__}.get_model() must return a model string or a dict with 'model'"
             )
         return dict(model)
+
+    def configure_session(self, session: Session) -> None:
+        """Set the session up, e.g. `session.on_compaction(create_compact_function())`."""
+
+    @property
+    def session(self) -> Session:
+        """The conversation's session, configured once per agent instance."""
+        if self._session is None:
+            self._session = Session(self)
+            self.configure_session(self._session)
+        return self._session
+
+    def on_chat_error(self, error: Any, ctx: ChatErrorContext) -> Any:
+        """What clients see of a turn's error (its text is sent); may be async."""
+        return error
 
     def get_tools(self) -> list[Tool]:
         """The server tools the model may call (client tools come from the client's request)."""

@@ -110,6 +110,13 @@ async def stream_chat(
             await aclose()
 
 
+async def complete_text(*, model: dict[str, Any], messages: list[dict[str, Any]], **extra: Any) -> str:
+    """One non-streamed model call; its text (used to summarise a history)."""
+    litellm = await _litellm()
+    response = await litellm.acompletion(messages=messages, **{"num_retries": 0, **model, **extra})
+    return str(response.choices[0].message.content or "")
+
+
 def error_text(exc: BaseException) -> str:
     """A short human-readable text for a provider error."""
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__

@@ -15,11 +15,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from recovery import diagnostics
+from recovery.runtime import db
 
 from . import llm
 from .chunking import ToolCall, UIChunker
 from .folding import MessageAccumulator, is_tool_part, tool_name_of
 from .interactions import result_update
+from .llm import Usage
+from .overflow import Proactive, compact_for_overflow
+from .selectors import messages_list
 from .tools import Tool, ToolOutcome, Toolset, tool_execute
 from .transcript import to_model_messages
 
@@ -67,8 +71,11 @@ class ModelLoop:
         continuation: bool,
         request_id: str,
         emit: Emit,
+        proactive: Proactive | None = None,
     ) -> None:
         self.agent = agent
+        self.proactive = proactive
+        self.compactions = 0
         self.messages = messages
         self.toolset = toolset
         self.accumulator = accumulator
@@ -85,6 +92,8 @@ class ModelLoop:
         await self._emit_all(chunker.start())
         await self._run_approved()
         for number in range(1, int(self.agent.max_steps) + 1):
+            if number > 1:
+                await self._proactive_compaction(chunker.step_usage)
             await self._emit_all(chunker.step_start())
             await self._stream_step(chunker)
             await self._emit_all(chunker.step_end())
@@ -99,6 +108,26 @@ class ModelLoop:
             if not calls or waiting:
                 break
         await self._emit_all(chunker.finish())
+
+    async def _proactive_compaction(self, usage: Usage | None) -> None:
+        """Compact before a step when the previous one came close to the window (reference §6.4).
+
+        The history is compacted in place; this turn's own steps are spliced back on, because they
+        live in the accumulator and model_messages() appends them to whatever the history is now.
+        """
+        guard = self.proactive
+        if guard is None or self.compactions >= guard.max_compactions or usage is None:
+            return
+        used = usage.prompt_tokens or usage.total_tokens
+        if not used or used < guard.threshold:
+            return
+        self.compactions += 1  # the attempt counts, even when nothing could be shortened
+        try:
+            if await compact_for_overflow(self.agent, "proactive"):
+                conversation_id = self.agent._require_conversation()
+                self.messages = await db(messages_list, conversation_id=conversation_id)
+        except Exception:
+            logger.exception("proactive compaction failed; the step goes on unchanged")
 
     def model_messages(self) -> list[dict[str, Any]]:
         history = list(self.messages)

@@ -124,3 +124,27 @@ class Submission(models.Model):
 
     def __str__(self) -> str:
         return f"submission {self.submission_id} ({self.status})"
+
+
+class Compaction(models.Model):
+    """An overlay that shows a summary in place of a range of messages; the messages themselves stay."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="compactions")
+    compaction_id = models.CharField(max_length=64, unique=True)
+    from_message_id = models.CharField(max_length=255)
+    to_message_id = models.CharField(max_length=255)
+    summary = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["conversation", "created_at"]
+
+    def __str__(self) -> str:
+        return f"compaction {self.from_message_id}..{self.to_message_id}"
+
+    @property
+    def message_id(self) -> str:
+        return f"compaction_{self.compaction_id}"
+
+    def as_ui_message(self) -> dict[str, object]:
+        return {"id": self.message_id, "role": "assistant", "parts": [{"type": "text", "text": self.summary}]}

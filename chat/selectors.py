@@ -6,17 +6,34 @@ from typing import Any
 
 from recovery.models import Fiber, Stream
 
-from .models import Conversation, Message
+from .models import Compaction, Conversation, Message
 
 
 def conversation_get(*, agent: str, name: str) -> Conversation | None:
     return Conversation.objects.filter(agent=agent, name=name).first()
 
 
-def messages_list(*, conversation_id: int) -> list[dict[str, Any]]:
-    """The transcript as UIMessages, in order."""
-    rows = Message.objects.filter(conversation_id=conversation_id).order_by("position")
-    return [m.as_ui_message() for m in rows]
+def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, Any]]:
+    """The transcript as UIMessages, in order; compacted ranges show as their summary unless `raw`."""
+    rows = list(Message.objects.filter(conversation_id=conversation_id).order_by("position"))
+    overlays = [] if raw else list(Compaction.objects.filter(conversation_id=conversation_id))
+    if not overlays:
+        return [m.as_ui_message() for m in rows]
+    index = {row.message_id: i for i, row in enumerate(rows)}
+    spans = sorted(
+        (index[o.from_message_id], index[o.to_message_id], o)
+        for o in overlays
+        if o.from_message_id in index and o.to_message_id in index
+    )
+    messages: list[dict[str, Any]] = []
+    cursor = 0
+    for start, end, overlay in spans:
+        if start < cursor or end < start:
+            continue  # superseded or malformed: the messages stay visible
+        messages += [m.as_ui_message() for m in rows[cursor:start]]
+        messages.append(overlay.as_ui_message())
+        cursor = end + 1
+    return messages + [m.as_ui_message() for m in rows[cursor:]]
 
 
 def active_stream(*, conversation_id: int) -> Stream | None:

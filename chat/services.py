@@ -19,8 +19,9 @@ from recovery.models import Fiber, Stream
 from recovery.stream import stream_close
 
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
-from .models import Conversation, Message
+from .models import Compaction, Conversation, Message
 from .protocol import ChatRequest
+from .session import COMPACTION_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: st
         anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=-1)
         Message.objects.filter(conversation_id=conversation_id, position__gt=anchor).delete()
     for message in incoming:
-        if message["id"] not in known:
+        # A compaction's summary message is a view, never stored (clients echo it back).
+        if message["id"] not in known and not message["id"].startswith(COMPACTION_PREFIX):
             message_upsert(conversation_id=conversation_id, message=message)
 
 
@@ -313,6 +315,7 @@ def conversation_clear(*, conversation_id: int) -> None:
         fibers_fence_out(conversation_id=conversation_id)
         submissions_skip_all(conversation_id=conversation_id)
         Message.objects.filter(conversation=conversation).delete()
+        Compaction.objects.filter(conversation=conversation).delete()
         Stream.objects.filter(conversation=conversation).delete()
         conversation.last_body = None
         conversation.last_client_tools = None

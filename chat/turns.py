@@ -20,7 +20,7 @@ from recovery.detection import fiber_interrupt, fiber_release
 from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_heartbeat, worker_identity
 from recovery.models import Fiber, Stream
 from recovery.runtime import db
-from recovery.stream import StreamWriter, stream_open
+from recovery.stream import StreamWriter, stream_close, stream_open
 
 from . import broadcast, llm
 from .agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
@@ -28,6 +28,7 @@ from .conf import think_setting
 from .folding import MessageAccumulator
 from .loop import ModelLoop, StreamStalled
 from .models import Conversation
+from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .protocol import chat_messages_frame, response_frame
 from .repair import repair_transcript
 from .selectors import messages_list
@@ -84,6 +85,7 @@ class TurnRunner:
         self.stream_id: Any = None
         self.stop_reason: str | None = None  # "cancel" or "lease"
         self.outcome = "interrupted"  # until the turn finishes
+        self.classification: str | None = None
         self.log_extra = {"conversation_id": claim.conversation_id, "request_id": claim.request_id}
 
     async def run(self) -> None:
@@ -91,26 +93,10 @@ class TurnRunner:
         agent = agent_for(conversation.agent, conversation.name, conversation.pk)
         self.client_tools = conversation.last_client_tools
         try:
-            self.stream_id = await db(
-                stream_open,
-                conversation_id=self.conversation_id,
-                fiber_id=self.claim.fiber_id,
-                fencing=self.claim.fencing,
-                request_id=self.request_id,
-                message_id=self.message_id,
-                continuation=self.continuation,
-            )
+            await self._open_stream()
         except LeaseLost:
             logger.warning("fiber lost before its stream opened", extra=self.log_extra)
             return
-        self.writer = StreamWriter(
-            stream_id=self.stream_id,
-            fiber_id=self.claim.fiber_id,
-            fencing=self.claim.fencing,
-            request_id=self.request_id,
-            continuation=self.continuation,
-            publish=self._publish_frames,
-        )
         await broadcast.publish_stream_started(self.conversation_id, self.request_id)
         self.agent = agent
         started = time.monotonic()
@@ -136,6 +122,27 @@ class TurnRunner:
                 "durationMs": int((time.monotonic() - started) * 1000),
             },
         )
+
+    async def _open_stream(self, next_seq: int = 0) -> None:
+        """Open the turn's stream (again after a reactive overflow retry: seq carries on)."""
+        self.stream_id = await db(
+            stream_open,
+            conversation_id=self.conversation_id,
+            fiber_id=self.claim.fiber_id,
+            fencing=self.claim.fencing,
+            request_id=self.request_id,
+            message_id=self.message_id,
+            continuation=self.continuation,
+        )
+        self.writer = StreamWriter(
+            stream_id=self.stream_id,
+            fiber_id=self.claim.fiber_id,
+            fencing=self.claim.fencing,
+            request_id=self.request_id,
+            continuation=self.continuation,
+            publish=self._publish_frames,
+        )
+        self.writer.next_seq = next_seq
 
     @property
     def fiber_name(self) -> str:
@@ -178,17 +185,53 @@ class TurnRunner:
 
     async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
         toolset = Toolset(agent.get_tools(), self.client_tools)
-        messages = await self._repair(agent, messages)
-        loop = ModelLoop(
-            agent=agent,
-            messages=messages,
-            toolset=toolset,
-            accumulator=self.accumulator,
-            continuation=self.continuation,
-            request_id=self.request_id,
-            emit=self._emit,
-        )
-        await loop.run()
+        overflow = agent.context_overflow
+        attempt = 0
+        while True:
+            messages = await self._repair(agent, messages)
+            loop = ModelLoop(
+                agent=agent,
+                messages=messages,
+                toolset=toolset,
+                accumulator=self.accumulator,
+                continuation=self.continuation,
+                request_id=self.request_id,
+                emit=self._emit,
+                proactive=overflow.proactive if overflow else None,
+            )
+            try:
+                await loop.run()
+                return
+            except Exception as exc:
+                if not await self._overflow_retry(agent, exc, attempt):
+                    raise
+            attempt += 1
+            messages = await db(messages_list, conversation_id=self.conversation_id)
+
+    async def _overflow_retry(self, agent: Think, error: Exception, attempt: int) -> bool:
+        """Reactive layer: drop the partial, compact, and run the same turn again (reference §6.3)."""
+        overflow = agent.context_overflow
+        if overflow is None or not overflow.reactive or isinstance(error, LeaseLost | StreamStalled):
+            return False
+        if classify(agent, error, stage="stream", request_id=self.request_id) != CONTEXT_OVERFLOW:
+            return False
+        self.classification = CONTEXT_OVERFLOW  # the partial is never kept, and the error says why
+        if attempt >= overflow.max_retries:
+            return False
+        if not await compact_for_overflow(agent, "reactive", request_id=self.request_id, attempt=attempt + 1):
+            return False
+        await self._restart_stream()
+        self.classification = None
+        return True
+
+    async def _restart_stream(self) -> None:
+        """A fresh message on a fresh stream under the same request id; clients get no `done` between."""
+        assert self.writer is not None
+        await self.writer.flush()
+        await db(stream_close, stream_id=self.stream_id, status=Stream.Status.COMPLETED)
+        self.message_id = str(uuid.uuid4())
+        self.accumulator = MessageAccumulator(self.message_id)
+        await self._open_stream(next_seq=self.writer.next_seq)
 
     async def _repair(self, agent: Think, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Repair interrupted tool calls before the model sees the transcript; persisted, fenced."""
@@ -258,11 +301,30 @@ class TurnRunner:
                 producer.cancel()
                 return
 
-    def _outcome(self, error: BaseException | None) -> tuple[TurnOutcome, str]:
-        message = self.accumulator.message() if self.accumulator.has_content else None
+    async def _error_text(self, error: BaseException) -> str:
+        """What clients see of the turn's error: on_chat_error's answer, with the classification."""
+        classification = self.classification or classify(
+            self.agent, error, stage="stream", request_id=self.request_id
+        )
+        context = ChatErrorContext(stage="stream", request_id=self.request_id, classification=classification)
+        try:
+            shown = self.agent.on_chat_error(error, context)
+            if inspect.isawaitable(shown):
+                shown = await shown
+        except Exception:
+            logger.exception("on_chat_error raised; the original error is shown", extra=self.log_extra)
+            shown = error
+        self._emit_event(
+            "chat:request:failed", {"requestId": self.request_id, "stage": "stream", "error": str(shown)}
+        )
+        return llm.error_text(shown) if isinstance(shown, BaseException) else str(shown)
+
+    def _outcome(self, error: BaseException | None, error_text: str = "") -> tuple[TurnOutcome, str]:
+        keep = self.accumulator.has_content and self.classification != CONTEXT_OVERFLOW
+        message = self.accumulator.message() if keep else None
         foreign = list(self.accumulator.foreign_tool_updates)
         if error is not None:
-            text = llm.error_text(error)
+            text = error_text
             outcome = TurnOutcome(Fiber.Status.FAILED, Stream.Status.ERROR, message, text, foreign)
             return outcome, "error"
         if self.stop_reason == "cancel":
@@ -277,9 +339,10 @@ class TurnRunner:
         assert self.writer is not None
         if error is not None:
             logger.warning("turn failed: %s", llm.error_text(error), extra=self.log_extra)
+        text = await self._error_text(error) if error is not None else ""
         try:
             await self.writer.flush()
-            outcome, wire_outcome = self._outcome(error)
+            outcome, wire_outcome = self._outcome(error, text)
             await db(
                 turn_finish,
                 fiber_id=self.claim.fiber_id,

@@ -11,15 +11,20 @@ import redis
 from django.conf import settings
 
 from chat.agents import (
+    ChatErrorContext,
     ChatRecovery,
     ChatRecoveryContext,
     ChatRecoveryOptions,
+    ContextOverflow,
+    Proactive,
     StepResult,
     Think,
     Tool,
+    create_compact_function,
     current_agent,
     tool,
 )
+from chat.session import Session
 
 
 def probe_redis() -> redis.Redis:
@@ -148,3 +153,36 @@ def remember(tag: str, note: str) -> str:
 class StashAgent(Think):
     def get_tools(self) -> list[Tool]:
         return [remember]
+
+
+def record_chat_error(agent: Think, error: Any, ctx: ChatErrorContext) -> str:
+    record = {"classification": ctx.classification, "stage": ctx.stage, "request_id": ctx.request_id}
+    probe_redis().rpush(probe_key("chat-error", agent.name), json.dumps(record))
+    return f"Sorry, that conversation got too long ({ctx.classification})."
+
+
+class ReactiveAgent(Think):
+    """Reactive overflow recovery: compacts everything but the first message and the newest turn."""
+
+    context_overflow = ContextOverflow(reactive=True)
+
+    def configure_session(self, session: Session) -> None:
+        session.on_compaction(create_compact_function(protect_head=1, tail_tokens=60, min_tail_messages=1))
+
+    def on_chat_error(self, error: Any, ctx: ChatErrorContext) -> Any:
+        return record_chat_error(self, error, ctx)
+
+
+class ProactiveAgent(ReactiveAgent):
+    """Proactive only: compacts before a step whose previous step used 90% of 300 tokens."""
+
+    context_overflow = ContextOverflow(proactive=Proactive(max_input_tokens=300))
+
+    def get_tools(self) -> list[Tool]:
+        return [add]
+
+
+class BothLayersAgent(ProactiveAgent):
+    context_overflow = ContextOverflow(
+        reactive=True, proactive=Proactive(max_input_tokens=300, max_compactions=2)
+    )

@@ -41,6 +41,9 @@ THINK = {
         "stalling-agent": "tests.agents.StallingAgent",
         "tool-agent": "tests.agents.ToolAgent",
         "stash-agent": "tests.agents.StashAgent",
+        "reactive-agent": "tests.agents.ReactiveAgent",
+        "proactive-agent": "tests.agents.ProactiveAgent",
+        "both-layers-agent": "tests.agents.BothLayersAgent",
     },
 }
 SECRET_KEY = "tests-only"

@@ -25,10 +25,13 @@ from thinkproject.scripted_model import (  # noqa: E402
     FIXED_REPLY,
     OVERFLOW_MESSAGE,
     STATE_KEY,
+    SUMMARY_MARKER,
     BadRequestError,
+    Directives,
     Plan,
     ScriptedModelServer,
     build_app,
+    count_prompt_tokens,
     plan_reply,
 )
 
@@ -533,6 +536,181 @@ async def test_bad_times_gets_400(server: ScriptedModelServer, directive: str, m
     error = json.loads(text)["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"] == f"[tool f]: {message}"
+
+
+# --- context window ------------------------------------------------------------------------------
+
+
+def window_message(limit: int, tokens: int) -> str:
+    return (
+        f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+        f"{tokens} tokens. Please reduce the length of the messages."
+    )
+
+
+def tokens_of(*texts: str) -> int:
+    """``prompt_tokens`` of plain text messages, by the documented formula."""
+    return math.ceil(sum(len(text) for text in texts) / 4) + 4 * len(texts)
+
+
+async def run(server: ScriptedModelServer, messages: list[dict[str, Any]], streamed: bool) -> str:
+    """The text of a completion, streamed or not."""
+    if streamed:
+        return "".join((await stream(server, messages)).deltas)
+    return str((await complete(server, messages)).choices[0].message.content)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_window_exceeded_raises_context_window_exceeded(
+    server: ScriptedModelServer, streamed: bool
+) -> None:
+    prompt = "count to 3 [window 9]"
+    assert tokens_of(prompt) == 10
+    for _ in range(2):  # not a one-shot fault: a retry of the same prompt overflows again
+        with pytest.raises(litellm.ContextWindowExceededError) as raised:
+            await run(server, [user(prompt)], streamed)
+        assert window_message(9, 10) in str(raised.value)
+
+
+async def test_window_error_body_has_openai_shape(server: ScriptedModelServer) -> None:
+    for streamed in (True, False):
+        status, text = await raw_post(
+            server, {"messages": [user("count to 3 [window 9]")], "stream": streamed}
+        )
+
+        assert status == 400
+        assert json.loads(text)["error"] == {
+            "message": window_message(9, 10),
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_within_the_window_the_answer_is_normal(server: ScriptedModelServer, streamed: bool) -> None:
+    prompt = "count to 3 [WINDOW 10]"  # exactly 10 prompt tokens: not more than the window
+    assert tokens_of(prompt) == 10
+
+    assert await run(server, [user(prompt)], streamed) == "1 2 3"
+
+
+async def test_window_applies_to_a_tool_result_follow_up(server: ScriptedModelServer) -> None:
+    prompt = user("[tool lookup] [window 40]")
+    first = await stream(server, [prompt])
+    [call] = first.message().tool_calls
+    small = [prompt, call_message([call]), tool_result(call.id, "ok")]
+    large = [prompt, call_message([call]), tool_result(call.id, "x" * 200)]
+    assert count_prompt_tokens(small) <= 40 < count_prompt_tokens(large)
+
+    assert "".join((await stream(server, small)).deltas) == "Tool lookup returned: ok"
+    with pytest.raises(litellm.ContextWindowExceededError) as raised:
+        await stream(server, large)
+    assert window_message(40, count_prompt_tokens(large)) in str(raised.value)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_window_applies_to_a_continuation(server: ScriptedModelServer, streamed: bool) -> None:
+    prompt = "count to 40 [window 20]"
+    short = [user(prompt), assistant("1 2 3")]
+    long = [user(prompt), assistant(" ".join(str(i) for i in range(1, 31)))]
+    continued = [*short, user("Continue your previous response exactly where it stopped.")]
+    assert tokens_of(prompt, "1 2 3") <= 20 < tokens_of(*(m["content"] for m in continued))
+
+    assert (await run(server, short, streamed)).split() == [str(i) for i in range(4, 41)]
+    for messages in (long, continued):
+        with pytest.raises(litellm.ContextWindowExceededError) as raised:
+            await run(server, messages, streamed)
+        assert window_message(20, count_prompt_tokens(messages)) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("directive", "message"),
+    [
+        ("[window 0]", "[window]: needs a whole number of tokens N >= 1, got '0'"),
+        ("[window -5]", "[window]: needs a whole number of tokens N >= 1, got '-5'"),
+        ("[window 2.5]", "[window]: needs a whole number of tokens N >= 1, got '2.5'"),
+        ("[window x]", "[window]: needs a whole number of tokens N >= 1, got 'x'"),
+        ("[window]", "[window]: needs a whole number of tokens N >= 1, got ''"),
+        ("[window 5 always]", "[window 5]: expected ']' after the number of tokens"),
+        ("count to 3 [window 5", "[window 5]: expected ']' after the number of tokens"),
+    ],
+)
+async def test_bad_window_gets_400(server: ScriptedModelServer, directive: str, message: str) -> None:
+    with pytest.raises(BadRequestError, match=re.escape(message)):
+        plan_reply([user(directive)])
+
+    status, text = await raw_post(server, {"messages": [user(directive)], "stream": True})
+
+    assert status == 400
+    error = json.loads(text)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == message
+
+
+# --- summarisation requests ----------------------------------------------------------------------
+
+TRANSCRIPT = """user: count to 5 [overflow] [window 1]
+
+assistant: [tool lookup {"q": "x"}] [fail after 0 with 500]
+   \t
+tool: [stall after 0 always] [window 0] [tool f times 0]
+user: [overflow always] [fail after 1 with 429 always]
+"""
+
+
+def summary_request(transcript: str = TRANSCRIPT) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": f"{SUMMARY_MARKER} in a few lines. [window 1] [overflow]"},
+        user("Earlier line one\nEarlier line two\nthree\nfour\nfive\nsix"),
+        assistant("count to 9"),
+        user(transcript),
+    ]
+
+
+def test_summary_plan_counts_the_non_empty_lines_of_the_last_user_message() -> None:
+    plan = plan_reply(summary_request(), serial=3)
+
+    assert planned_text(plan) == "Summary of 4 lines."
+    assert [d["content"] for d in plan.deltas] == ["Summary", " of", " 4", " lines."]
+    assert plan.directives == Directives()
+    assert plan.summary
+    assert planned_text(plan_reply(summary_request("one line, no newline"))) == "Summary of 1 lines."
+    assert planned_text(plan_reply(summary_request(""))) == "Summary of 0 lines."
+    parts = [{"type": "text", "text": "a\n"}, {"type": "text", "text": "\nb"}]
+    assert planned_text(plan_reply([*summary_request()[:1], {"role": "user", "content": parts}])) == (
+        "Summary of 2 lines."
+    )
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_summary_request_ignores_directives_and_never_faults(
+    server: ScriptedModelServer, streamed: bool
+) -> None:
+    messages = summary_request()
+    assert count_prompt_tokens(messages) > 1  # the [window 1] in it would overflow if it were read
+    before = len(server.requests)
+
+    for _ in range(2):  # the [... always] faults would fire on every request
+        if streamed:
+            result = await stream(server, messages)
+            assert result.deltas == ["Summary", " of", " 4", " lines."]
+            assert result.finish_reasons == ["stop"]
+            assert result.usage.completion_tokens == 4
+        else:
+            assert await run(server, messages, streamed) == "Summary of 4 lines."
+
+    assert [r["messages"] for r in server.requests[before:]] == [messages, messages]
+
+
+async def test_marker_outside_a_system_message_is_not_a_summary_request(server: ScriptedModelServer) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, user(f"{SUMMARY_MARKER}: count to 2")]
+
+    assert await run(server, messages, True) == "1 2"
+    with pytest.raises(litellm.ContextWindowExceededError):
+        await run(
+            server, [{"role": "system", "content": "Be brief."}, user(f"{SUMMARY_MARKER} [window 1]")], True
+        )
 
 
 # --- pacing --------------------------------------------------------------------------------------

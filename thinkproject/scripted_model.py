@@ -5,7 +5,8 @@ real OpenAI code path (model ``"openai/scripted"``, ``api_base`` = this server's
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``, ``GET /healthz``.
 The reply is driven by the *prompt*: the last user message of the request that is not a continuation
-prompt. Directives in it (case-insensitive, anywhere in the text, combinable):
+prompt (summarisation requests excepted, see below). Directives in it (case-insensitive, anywhere in the
+text, combinable):
 
 * ``count to N`` -- reply ``1 2 ... N``, one number per chunk (``"1"``, ``" 2"``, ...).
 * ``[rate R]`` -- pace this reply at R chunks per second (``R <= 0``: as fast as possible).
@@ -16,6 +17,15 @@ prompt. Directives in it (case-insensitive, anywhere in the text, combinable):
   holding ``{"error": {...}}`` and end the stream without ``[DONE]``. Non-streaming requests get the
   HTTP error whenever the fault is reached.
 * ``[overflow]`` -- HTTP 400 with OpenAI's ``context_length_exceeded`` body.
+* ``[window N]`` (N a whole number >= 1) -- the model's context window: a request whose ``prompt_tokens``
+  (see Token accounting) exceed N gets HTTP 400 with OpenAI's ``context_length_exceeded`` body (type
+  ``invalid_request_error``, param ``messages``), message ``This model's maximum context length is N
+  tokens. However, your messages resulted in M tokens. Please reduce the length of the messages.``
+  (M = ``prompt_tokens``), before any content, streaming or not; a request within the window is answered
+  normally. It is a property of the model, not a fault: it applies to every request whose prompt carries
+  it, continuations and tool-result follow-ups included, and takes no ``once`` / ``always``. Any other
+  value (``[window 0]``, ``[window -1]``, ``[window 2.5]``, a bare ``[window]``, a missing ``]``) makes the
+  request an HTTP 400 ``invalid_request_error`` naming the directive.
 * ``[tool NAME {json}]`` -- answer with a call of tool NAME with these JSON arguments (``{}`` if omitted),
   finish reason ``tool_calls`` (this wins over ``count to N`` until the tool results are in). Several
   ``[tool ...]`` directives make ONE assistant step of parallel calls in prompt order: call i has
@@ -53,8 +63,18 @@ Any request with messages after the prompt (a continuation or a tool-result foll
 ``[stall after K always]`` stalls every continuation after K *more* chunks, and likewise
 ``[fail after K with STATUS always]`` and ``[overflow always]``. The suffix ``once`` (``[stall after
 K once]``) fires the fault only on the first request carrying that exact prompt, so a retry of the same
-user turn goes through. ``[stamp]`` appends ``@<unix time>`` to every content delta when it is sent, so a
-client on the same machine can measure model-to-client latency per chunk.
+user turn goes through. ``[window N]`` is not a fault and applies to every request (see above).
+``[stamp]`` appends ``@<unix time>`` to every content delta when it is sent, so a client on the same
+machine can measure model-to-client latency per chunk.
+
+Summarisation requests: a request with a ``system`` message whose content contains :data:`SUMMARY_MARKER`
+(``Summarize the conversation below``) is a summarisation request. No directives are parsed from any of
+its messages (the transcript being summarised may well hold ``[overflow]``, ``[window N]``, ``count to N``
+or ``[tool ...]`` text), so it never faults and is never window-checked. Its reply is exactly ``Summary of
+K lines.``, K being the number of non-empty lines (whitespace-only lines count as empty) in the content of
+the last ``user`` message of the request (0 if there is none); it is streamed word by word like other text
+replies (or returned whole when not streaming), is never a continuation, and is recorded in the request
+log like any other request.
 
 Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
 tool call names and arguments count as message characters; ``completion_tokens`` = number of content
@@ -94,10 +114,18 @@ MODEL_NAME = "scripted"
 FIXED_REPLY = "Hello! I am the scripted model. Ask me to count to N."
 CONTINUE_PREFIX = "Continue your previous response"
 DEFAULT_TOKEN_RATE = 20.0
-OVERFLOW_MESSAGE = (
-    "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 "
-    "tokens. Please reduce the length of the messages."
-)
+SUMMARY_MARKER = "Summarize the conversation below"
+
+
+def context_length_message(limit: int, tokens: int) -> str:
+    """OpenAI's ``context_length_exceeded`` message for a window of ``limit`` and a prompt of ``tokens``."""
+    return (
+        f"This model's maximum context length is {limit} tokens. However, your messages resulted in {tokens} "
+        "tokens. Please reduce the length of the messages."
+    )
+
+
+OVERFLOW_MESSAGE = context_length_message(128000, 130000)
 
 Json = dict[str, Any]
 
@@ -107,6 +135,7 @@ _STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGN
 _FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
+_WINDOW_RE = re.compile(r"\[window\b\s*([^\]\s]*)\s*(\])?", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
 _TOOL_END_RE = re.compile(r"\s*(?:times\b\s*([^\]\s]*)\s*)?\]", re.IGNORECASE)
 _INT_RE = re.compile(r"\d+")
@@ -169,6 +198,7 @@ class Directives:
     overflow: Fault | None = None
     tools: tuple[ToolDirective, ...] = ()  # in prompt order; several = parallel calls
     stamp: bool = False  # append "@<send time>" to each content delta (latency benchmarks)
+    window: int | None = None  # the context window: more prompt tokens than this is an overflow
 
     @property
     def default_tool_name(self) -> str | None:
@@ -189,6 +219,7 @@ class Plan:
     follow_up: bool
     repeat: bool = False  # this prompt was seen before (a retry of the same turn)
     serial: int = 0  # the response number: in the response id and the tool call ids
+    summary: bool = False  # a summarisation request: no directives, never a fault
 
     def active(self, fault: Fault | None) -> Fault | None:
         if fault is None:
@@ -229,7 +260,21 @@ def parse_directives(text: str) -> Directives:
         _make_fault(0, overflow.group(1)) if overflow else None,
         _parse_tools(text),
         bool(_STAMP_RE.search(text)),
+        _parse_window(text),
     )
+
+
+def _parse_window(text: str) -> int | None:
+    """The N of the first ``[window N]`` directive (None without one)."""
+    match = _WINDOW_RE.search(text)
+    if match is None:
+        return None
+    value = match.group(1)
+    if not (value.isascii() and value.isdigit() and int(value) >= 1):
+        raise BadRequestError(f"[window]: needs a whole number of tokens N >= 1, got {value!r}")
+    if match.group(2) is None:
+        raise BadRequestError(f"[window {value}]: expected ']' after the number of tokens")
+    return int(value)
 
 
 def _parse_tools(text: str) -> tuple[ToolDirective, ...]:
@@ -364,8 +409,23 @@ def _tool_step_deltas(tools: list[ToolDirective], serial: int) -> list[Json]:
     return [d for i, tool in enumerate(tools) for d in _tool_call_deltas(i, f"call_{serial}_{i}", tool)]
 
 
+def is_summary_request(messages: list[Json]) -> bool:
+    """True if a ``system`` message contains :data:`SUMMARY_MARKER` (see the module docstring)."""
+    return any(m.get("role") == "system" and SUMMARY_MARKER in message_text(m) for m in messages)
+
+
+def _summary_plan(messages: list[Json], serial: int) -> Plan:
+    """``Summary of K lines.``: K non-empty lines in the last user message; no directives are read."""
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    lines = sum(1 for line in (users[-1] if users else "").splitlines() if line.strip())
+    deltas = [{"content": w} for w in _WORD_RE.findall(f"Summary of {lines} lines.")]
+    return Plan(deltas, "stop", Directives(), follow_up=False, serial=serial, summary=True)
+
+
 def plan_reply(messages: list[Json], serial: int = 0) -> Plan:
     """Decide the reply to a request from its messages; ``serial`` numbers the response (tool call ids)."""
+    if is_summary_request(messages):
+        return _summary_plan(messages, serial)
     prompt = _prompt_index(messages)
     directives = parse_directives(message_text(messages[prompt]) if prompt >= 0 else "")
     tools = [i for i in range(prompt + 1, len(messages)) if messages[i].get("role") == "tool"]
@@ -522,24 +582,40 @@ async def _read_messages(request: web.Request) -> tuple[Json, list[Json]]:
     return body, messages
 
 
-def _early_error(plan: Plan, stream: bool) -> web.Response | None:
+def _context_length_error(message: str) -> web.Response:
+    body = error_body(message, "invalid_request_error", "context_length_exceeded", "messages")
+    return _error_response(400, body)
+
+
+def _early_error(plan: Plan, stream: bool, prompt_tokens: int) -> web.Response | None:
     """The HTTP error response due before any content, if any."""
+    window = plan.directives.window
+    if window is not None and prompt_tokens > window:
+        return _context_length_error(context_length_message(window, prompt_tokens))
     if plan.active(plan.directives.overflow):
-        body = error_body(OVERFLOW_MESSAGE, "invalid_request_error", "context_length_exceeded", "messages")
-        return _error_response(400, body)
+        return _context_length_error(OVERFLOW_MESSAGE)
     fail = plan.active(plan.directives.fail)
     if fail is not None and (fail.after == 0 or not stream) and fail.after <= len(plan.deltas):
         return _error_response(fail.status)
     return None
 
 
-def _new_reply(request: web.Request, body: Json, messages: list[Json], plan: Plan) -> _Reply:
+def _new_reply(request: web.Request, body: Json, plan: Plan, prompt_tokens: int) -> _Reply:
     state = request.app[STATE_KEY]
     rate = plan.directives.rate if plan.directives.rate is not None else state.token_rate
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
     model = str(body.get("model") or MODEL_NAME)
-    prompt_tokens = count_prompt_tokens(messages)
     return _Reply(f"chatcmpl-scripted-{plan.serial}", model, int(time.time()), prompt_tokens, rate, usage)
+
+
+def _note_prompt(state: ServerState, plan: Plan, messages: list[Json]) -> Plan:
+    """Remember a first request's prompt; the plan learns whether it was seen before (a retry)."""
+    if plan.follow_up or plan.summary:
+        return plan
+    prompt = json.dumps(messages[_prompt_index(messages)], sort_keys=True)
+    plan = dataclasses.replace(plan, repeat=prompt in state.prompts)
+    state.prompts.add(prompt)
+    return plan
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -549,25 +625,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except BadRequestError as exc:
         log.info("%s %s rejected: %s", request.method, request.path, exc)
         return _error_response(400, error_body(str(exc), "invalid_request_error", None))
-    state = request.app[STATE_KEY]
-    state.requests.append(body)
-    prompt = json.dumps(messages[_prompt_index(messages)] if messages else None, sort_keys=True)
-    if not plan.follow_up:
-        plan = dataclasses.replace(plan, repeat=prompt in state.prompts)
-        state.prompts.add(prompt)
-    stream, summary = bool(body.get("stream")), plan.directives.summary()
+    request.app[STATE_KEY].requests.append(body)
+    plan = _note_prompt(request.app[STATE_KEY], plan, messages)
+    stream, prompt_tokens = bool(body.get("stream")), count_prompt_tokens(messages)
     log.info(
-        "%s %s stream=%s follow_up=%s directives: %s",
+        "%s %s stream=%s follow_up=%s prompt_tokens=%d directives: %s",
         request.method,
         request.path,
         stream,
         plan.follow_up,
-        summary,
+        prompt_tokens,
+        "summarisation request" if plan.summary else plan.directives.summary(),
     )
-    early = _early_error(plan, stream)
+    early = _early_error(plan, stream, prompt_tokens)
     if early is not None:
         return early
-    reply = _new_reply(request, body, messages, plan)
+    reply = _new_reply(request, body, plan, prompt_tokens)
     request.app[STATE_KEY].in_flight += 1
     try:
         return await (_stream(request, plan, reply) if stream else _complete(request, plan, reply))
