@@ -527,6 +527,13 @@ def test_a_tool_directive_inside_json_arguments_is_not_a_directive() -> None:
     ],
 )
 async def test_bad_times_gets_400(server: ScriptedModelServer, directive: str, message: str) -> None:
+    await assert_refused(server, directive, message, f"[tool f]: {message}")
+
+
+async def assert_refused(
+    server: ScriptedModelServer, directive: str, message: str, http_message: str
+) -> None:
+    """plan_reply raises with `message`, and the server answers 400 with `http_message`."""
     with pytest.raises(BadRequestError, match=re.escape(message)):
         plan_reply([user(directive)])
 
@@ -535,7 +542,7 @@ async def test_bad_times_gets_400(server: ScriptedModelServer, directive: str, m
     assert status == 400
     error = json.loads(text)["error"]
     assert error["type"] == "invalid_request_error"
-    assert error["message"] == f"[tool f]: {message}"
+    assert error["message"] == http_message
 
 
 # --- context window ------------------------------------------------------------------------------
@@ -637,15 +644,7 @@ async def test_window_applies_to_a_continuation(server: ScriptedModelServer, str
     ],
 )
 async def test_bad_window_gets_400(server: ScriptedModelServer, directive: str, message: str) -> None:
-    with pytest.raises(BadRequestError, match=re.escape(message)):
-        plan_reply([user(directive)])
-
-    status, text = await raw_post(server, {"messages": [user(directive)], "stream": True})
-
-    assert status == 400
-    error = json.loads(text)["error"]
-    assert error["type"] == "invalid_request_error"
-    assert error["message"] == message
+    await assert_refused(server, directive, message, message)
 
 
 # --- summarisation requests ----------------------------------------------------------------------
