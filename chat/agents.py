@@ -90,6 +90,8 @@ class Think:
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
     #: Model steps per turn: each step after the first follows server tool results.
     max_steps: ClassVar[int] = 10
+    #: A request while another turn is busy: "queue" (after it), "latest" (skip older queued ones), "drop".
+    message_concurrency: ClassVar[str] = "queue"
     #: Recover from a context window overflow by compacting (both layers need configure_session).
     context_overflow: ClassVar[ContextOverflow | None] = None
     #: Classifies a model error ("context_overflow", "rate_limit", "transient", "fatal", "unknown" or None).
@@ -106,6 +108,11 @@ class Think:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{cls.__name__}.max_steps must be an int >= 1, got {steps!r}")
         resolve_context_overflow(cls.context_overflow, cls.__name__)
+        if cls.message_concurrency not in ("queue", "latest", "drop"):
+            raise ValueError(
+                f"{cls.__name__}.message_concurrency must be 'queue', 'latest' or 'drop',"
+                f" got {cls.message_concurrency!r}"
+            )
         if not isinstance(cls.chat_recovery, ChatRecovery | bool | None):
             raise TypeError(f"{cls.__name__}.chat_recovery must be a ChatRecovery, got {cls.chat_recovery!r}")
 

@@ -119,11 +119,21 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
 
     async def on_chatrequest(self, frame: p.ChatRequest) -> None:
+        policy = agent_class(self.agent_name).message_concurrency
         accepted = await database_sync_to_async(turn_accept)(
-            conversation_id=self.conversation_id, request=frame
+            conversation_id=self.conversation_id, request=frame, policy=policy
         )
         if accepted.duplicate:
             return
+        if accepted.dropped:  # roll the client back to the server's transcript, end its stream
+            messages = await database_sync_to_async(_messages)(self.conversation_id)
+            await self.send(p.chat_messages_frame(messages))
+            await self.send(p.response_frame(frame.id, done=True, outcome="skipped"))
+            return
+        for request_id in accepted.superseded:  # whoever sent them stops waiting
+            await self._group_broadcast(
+                p.response_frame(request_id, done=True, outcome="skipped"), exclude=[]
+            )
         messages = await database_sync_to_async(_messages)(self.conversation_id)
         await self._group_broadcast(p.chat_messages_frame(messages), exclude=[self.channel_name])
 
@@ -182,6 +192,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         for text in replay.frames:
             await self.send(text)
         self._mark_sent(frame.id, replay.last_seq)
+        if replay.messages is not None:
+            await self._group_broadcast(p.chat_messages_frame(replay.messages), exclude=[])
 
     # -- group events --------------------------------------------------------------------------------
     async def think_frames(self, event: dict[str, Any]) -> None:

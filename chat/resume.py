@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recovery.models import Stream
-from recovery.stream import stream_chunks
+from recovery.models import Fiber, Stream
+from recovery.stream import stream_chunks, stream_close
 
 from .models import Conversation
 from .protocol import response_frame
@@ -67,6 +67,35 @@ class Replay:
     frames: list[str]
     last_seq: int  # highest chunk seq replayed (-1 when none)
     ignore: bool = False  # an ACK for a stream other than the active one
+    messages: list[dict[str, Any]] | None = None  # a finalised orphan changed the transcript
+
+
+def _orphaned(stream: Stream) -> bool:
+    """Still marked streaming, but no turn runs it and recovery does not own it either."""
+    live = [Fiber.Status.PENDING, Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]
+    return stream.fiber_id is None or not Fiber.objects.filter(pk=stream.fiber_id, status__in=live).exists()
+
+
+def _finalize_orphan(stream: Stream) -> Replay:
+    """Replay an orphaned stream, close it, and store the message its chunks make (reference §3.4)."""
+    from django.db import transaction
+
+    from .folding import fold_bodies
+    from .services import message_upsert
+
+    frames, last = _replay_frames(stream)
+    with transaction.atomic():
+        Conversation.objects.select_for_update().filter(pk=stream.conversation_id).first()
+        chunks = stream_chunks(stream.pk)
+        partial = fold_bodies(stream.message_id, (body for _, body in chunks))
+        partial.message_id = stream.message_id
+        if partial.has_content:
+            message_upsert(conversation_id=stream.conversation_id, message=partial.message())
+        stream_close(stream_id=stream.pk, status=Stream.Status.COMPLETED)
+    end = response_frame(
+        stream.request_id, done=True, replay=True, continuation=stream.is_continuation, seq=last + 1
+    )
+    return Replay([*frames, end], last + 1, messages=messages_list(conversation_id=stream.conversation_id))
 
 
 def _replay_frames(stream: Stream) -> tuple[list[str], int]:
@@ -83,6 +112,8 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
     active = active_stream(conversation_id=conversation_id)
     if active is not None and active.request_id != request_id:
         return Replay([], -1, ignore=True)
+    if active is not None and _orphaned(active):
+        return _finalize_orphan(active)
     if active is not None:
         frames, last = _replay_frames(active)
         tail = response_frame(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import F, Max
 from django.utils import timezone
 
 from recovery.fibers import LeaseLost, fiber_create, fiber_finish, fibers_fence_out, next_pending_fiber
@@ -60,6 +60,29 @@ def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
         parts=message.get("parts", []),
         metadata=message.get("metadata"),
         position=_next_position(conversation_id),
+    )
+
+
+def message_place(*, conversation_id: int, message: dict[str, Any], after_message_id: str | None) -> Message:
+    """Store a turn's message right after the message its turn answered, even if newer messages were
+    queued meanwhile (a second request accepted while the first streamed). Call with the lock held."""
+    known = Message.objects.filter(conversation_id=conversation_id, message_id=message["id"]).exists()
+    anchor = (
+        Message.objects.filter(conversation_id=conversation_id, message_id=after_message_id).first()
+        if after_message_id and not known
+        else None
+    )
+    if anchor is None:
+        return message_upsert(conversation_id=conversation_id, message=message)
+    later = Message.objects.filter(conversation_id=conversation_id, position__gt=anchor.position)
+    later.update(position=F("position") + 1)
+    return Message.objects.create(
+        conversation_id=conversation_id,
+        message_id=message["id"],
+        role=message["role"],
+        parts=message.get("parts", []),
+        metadata=message.get("metadata"),
+        position=anchor.position + 1,
     )
 
 
@@ -119,15 +142,34 @@ class AcceptedTurn:
     fiber_id: Any
     request_id: str
     duplicate: bool = False
+    dropped: bool = False  # the "drop" policy refused it while another turn was busy
+    superseded: tuple[str, ...] = ()  # queued turns the "latest" policy cancelled for this one
 
 
-def turn_accept(*, conversation_id: int, request: ChatRequest) -> AcceptedTurn:
-    """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit."""
+CONCURRENCY_POLICIES = ("queue", "latest", "drop")
+
+
+def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "queue") -> AcceptedTurn:
+    """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
+
+    While another turn is queued or running, `policy` decides: "queue" runs this one after it, "latest"
+    also cancels turns still waiting in the queue (their messages stay), "drop" refuses this one.
+    """
     with transaction.atomic():
         conversation = _lock_conversation(conversation_id)
         existing = Fiber.objects.filter(conversation=conversation, request_id=request.id).first()
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
+        busy = Fiber.objects.filter(conversation=conversation).active()
+        if policy == "drop" and busy.exists():
+            return AcceptedTurn(None, request.id, dropped=True)
+        superseded: tuple[str, ...] = ()
+        if policy == "latest":
+            waiting = busy.filter(status=Fiber.Status.PENDING)
+            superseded = tuple(waiting.values_list("request_id", flat=True))
+            waiting.update(
+                status=Fiber.Status.CANCELLED, finished_at=timezone.now(), fencing=F("fencing") + 1
+            )
         _reconcile(conversation_id, request.messages, request.trigger)
         conversation.last_body = request.extra or None
         if request.client_tools is not None:
@@ -139,7 +181,7 @@ def turn_accept(*, conversation_id: int, request: ChatRequest) -> AcceptedTurn:
             conversation_id=conversation_id, request_id=request.id, kind=Fiber.Kind.CHAT, snapshot=snapshot
         )
         transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
-    return AcceptedTurn(fiber.pk, request.id)
+    return AcceptedTurn(fiber.pk, request.id, superseded=superseded)
 
 
 @dataclass(frozen=True)
@@ -254,19 +296,24 @@ def turn_finish(
     with transaction.atomic():
         conversation = _lock_conversation(conversation_id)
         fiber_finish(fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or "")
+        fiber = Fiber.objects.only("request_id", "snapshot").get(pk=fiber_id)
+        chat = (fiber.snapshot or {}).get("chat") or {}
         if outcome.message is not None:
-            message_upsert(conversation_id=conversation_id, message=outcome.message)
+            message_place(
+                conversation_id=conversation_id,
+                message=outcome.message,
+                after_message_id=chat.get("latestMessageId"),
+            )
         if outcome.foreign_updates:
             foreign_updates_apply(conversation_id=conversation_id, updates=outcome.foreign_updates)
         interactions_settle(conversation)
         if stream_id is not None:
             stream_close(stream_id=stream_id, status=outcome.stream_status)
-        fiber = Fiber.objects.only("request_id", "snapshot").get(pk=fiber_id)
         conversation.last_terminal = (
             {"requestId": fiber.request_id, "body": outcome.terminal} if outcome.terminal else None
         )
         conversation.save(update_fields=["last_terminal", "tool_updates", "continue_armed", "updated_at"])
-        root = ((fiber.snapshot or {}).get("chat") or {}).get("recoveryRootRequestId") or fiber.request_id
+        root = chat.get("recoveryRootRequestId") or fiber.request_id
         transaction.on_commit(lambda: turn_after(conversation_id=conversation_id, root_request_id=root))
 
 

@@ -13,7 +13,7 @@ from chat.folding import MessageAccumulator, fold_bodies
 from chat.interactions import foreign_updates_apply
 from chat.models import Conversation
 from chat.selectors import messages_list
-from chat.services import interactions_settle, message_upsert
+from chat.services import interactions_settle, message_place
 
 from .incidents import RECOVERING_FLAG_TTL_MS
 from .models import Fiber, Stream
@@ -139,7 +139,10 @@ def orphan_persist(
         Conversation.objects.select_for_update().filter(pk=target.conversation.pk).first()
         conversation = Conversation.objects.get(pk=target.conversation.pk)
         if persist and target.partial.has_content:
-            message_upsert(conversation_id=conversation.pk, message=target.partial.message())
+            after = (target.snapshot or {}).get("latestMessageId")
+            message_place(
+                conversation_id=conversation.pk, message=target.partial.message(), after_message_id=after
+            )
         # Results of approved tools the dead turn ran belong to an earlier message: always kept.
         foreign_updates_apply(conversation_id=conversation.pk, updates=target.partial.foreign_tool_updates)
         interactions_settle(conversation)

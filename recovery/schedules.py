@@ -7,7 +7,8 @@ from typing import Any
 
 
 def beat_schedule(tick_seconds: float | None = None) -> dict[str, Any]:
-    """The recovery tick, every second by default (THINK_RECOVERY_TICK_S); missed ticks expire."""
+    """The recovery tick, every second by default (THINK_RECOVERY_TICK_S), and the stream buffer sweep
+    every minute; missed runs expire."""
     seconds = (
         tick_seconds if tick_seconds is not None else float(os.environ.get("THINK_RECOVERY_TICK_S", "1.0"))
     )
@@ -16,7 +17,8 @@ def beat_schedule(tick_seconds: float | None = None) -> dict[str, Any]:
             "task": "think.recovery_tick",
             "schedule": seconds,
             "options": {"expires": max(seconds * 0.9, 0.5)},
-        }
+        },
+        "think-streams-sweep": {"task": "think.streams_sweep", "schedule": 60.0, "options": {"expires": 50}},
     }
 
 

@@ -60,3 +60,11 @@ def fire_alarm(alarm_id: Any) -> None:
     from .callbacks import fire_alarm as callbacks_fire_alarm
 
     runtime.run(callbacks_fire_alarm(int(alarm_id)))
+
+
+@shared_task(name="think.streams_sweep", ignore_result=True)
+def streams_sweep() -> int:
+    """Delete stream buffers past their retention (see recovery.retention)."""
+    from .retention import streams_sweep as sweep
+
+    return sweep()

@@ -206,3 +206,26 @@ async def test_recovers_with_both_layers(compacted_events: list[dict[str, Any]],
         "the compacted history kept the steps small"
     )
     assert len(requests_for(scripted_model, prompt)) == 3, "overflow, then the tool step and the answer"
+
+
+@pytest.mark.parametrize("path", ["save_messages", "submit_messages"])
+def test_recovers_a_context_overflow_on_the_durable_programmatic_paths(
+    stack: Any, scripted_model: Any, path: str
+) -> None:
+    from tests.support import wait_until
+
+    name = f"o-{uuid.uuid4().hex[:8]}"
+    seed("reactive-agent", name)
+    agent = open_agent("reactive-agent", name)
+    prompt = f"count to 4 [window 200] {name}"
+    if path == "save_messages":
+        assert agent.save_messages([prompt], timeout=30).status == "completed"
+    else:
+        submitted = agent.submit_messages([prompt])
+        wait_until(
+            lambda: agent.get_submission(submitted.submission_id).status == "completed", 30, "completion"
+        )
+    assert len(requests_for(scripted_model, prompt)) == 2
+    assert Compaction.objects.filter(conversation__name=name).count() == 1
+    visible = agent.messages()
+    assert visible[1]["id"].startswith("compaction_") and visible[-1]["parts"][-1]["text"] == numbers(4)
