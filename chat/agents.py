@@ -353,11 +353,35 @@ def current_agent() -> Think | None:
 _current_agent: ContextVar[Think | None] = ContextVar("think_current_agent", default=None)
 
 
+@tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+def get_weather(city: str) -> dict[str, Any]:
+    """The weather in a city (a demo: made up, but the same for the same city)."""
+    seed = sum(map(ord, city.lower()))
+    return {"city": city, "celsius": seed % 35 - 5, "sky": ("clear", "cloudy", "rain", "snow")[seed % 4]}
+
+
+@tool(
+    parameters={
+        "type": "object",
+        "properties": {"to": {"type": "string"}, "subject": {"type": "string"}},
+        "required": ["to", "subject"],
+    },
+    needs_approval=True,
+)
+def send_email(to: str, subject: str) -> str:
+    """Send an email (a demo: a person approves each call, and nothing is really sent)."""
+    return f"Email to {to} about {subject!r} queued (demo: nothing was sent)."
+
+
 class Assistant(Think):
-    """The demo agent: the configured model (the scripted model by default) and a short system prompt."""
+    """The demo agent: the configured model (the scripted model by default), a short system prompt, and
+    two demo tools (one needs approval); the page adds its client tools."""
 
     def get_system_prompt(self) -> str | None:
         return "You are a helpful assistant."
+
+    def get_tools(self) -> list[Tool]:
+        return [get_weather, send_email]
 
 
 class UnknownAgent(LookupError):

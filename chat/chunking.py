@@ -41,8 +41,10 @@ class UIChunker:
         self._tool_calls: dict[int, dict[str, Any]] = {}
         self._ready_calls: list[ToolCall] = []
 
-    def start(self, *, metadata: dict[str, Any] | None = None) -> list[Chunk]:
-        start: Chunk = {"type": "start", "messageId": self.message_id}
+    def start(self, *, metadata: dict[str, Any] | None = None, continuation: bool = False) -> list[Chunk]:
+        """A continuation's start names no message: clients append it to the message it continues
+        (ai@7 starts afresh on a new id, and would lose an approved call's output for that message)."""
+        start: Chunk = {"type": "start"} if continuation else {"type": "start", "messageId": self.message_id}
         if metadata:
             start["messageMetadata"] = metadata
         return [start]

@@ -58,6 +58,12 @@ class MessageAccumulator:
     def has_settled_tool_results(self) -> bool:
         return any(is_settled_tool_part(p) for p in self.parts)
 
+    def close_open_parts(self) -> None:
+        """A stream cut short (a cancel): its open text and reasoning parts are final as they are."""
+        for part in self._open.values():
+            part["state"] = "done"
+        self._open.clear()
+
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"id": self.message_id, "role": self.role, "parts": self.parts}
         if self.metadata:

@@ -89,7 +89,7 @@ class ModelLoop:
 
     async def run(self) -> None:
         chunker = UIChunker(self.accumulator.message_id)
-        await self._emit_all(chunker.start())
+        await self._emit_all(chunker.start(continuation=self.continuation))
         await self._run_approved()
         for number in range(1, int(self.agent.max_steps) + 1):
             if number > 1:

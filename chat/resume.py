@@ -59,6 +59,11 @@ def probe_answer(*, conversation_id: int) -> ProbeAnswer:
     pending = pending_turn_request_id(conversation_id=conversation_id)
     if pending is not None:
         return ProbeAnswer("pending", pending)
+    # A turn may have opened its stream between the first look and the pending check (it is then
+    # neither): look again, or a running turn would be answered with an authoritative "idle".
+    stream = active_stream(conversation_id=conversation_id)
+    if stream is not None:
+        return ProbeAnswer("resuming", stream.request_id)
     return ProbeAnswer("idle")
 
 

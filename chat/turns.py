@@ -320,6 +320,7 @@ class TurnRunner:
         return llm.error_text(shown) if isinstance(shown, BaseException) else str(shown)
 
     def _outcome(self, error: BaseException | None, error_text: str = "") -> tuple[TurnOutcome, str]:
+        self.accumulator.close_open_parts()
         keep = self.accumulator.has_content and self.classification != CONTEXT_OVERFLOW
         message = self.accumulator.message() if keep else None
         foreign = list(self.accumulator.foreign_tool_updates)

@@ -97,3 +97,79 @@ def test_reload_mid_stream_resumes_through_the_handshake(stack: Any, browser: An
         "nothing repeated, nothing lost"
     )
     page.close()
+
+
+def last_text(page: Any) -> str:
+    return str(
+        page.evaluate(
+            "(() => { const m = window.thinkChat.messages().filter(m => m.role === 'assistant');"
+            " if (!m.length) return '';"
+            " return m[m.length - 1].parts.filter(p => p.type === 'text').map(p => p.text).join(''); })()"
+        )
+    )
+
+
+def wait_for_text(page: Any, text: str, timeout: float = 30_000) -> None:
+    page.wait_for_function(
+        "(t) => window.thinkChat.messages().some(m => m.role === 'assistant'"
+        " && m.parts.some(p => p.type === 'text' && p.text === t))",
+        arg=text,
+        timeout=timeout,
+    )
+
+
+def test_approve_a_tool_from_the_page(stack: Any, browser: Any) -> None:
+    tag = uuid.uuid4().hex[:8]
+    page = open_page(browser, stack.port, f"tool-agent/page-{tag}")
+    page.fill("#message-input", f'[tool delete_file {{"tag": "{tag}"}}]')
+    page.click("#send-button")
+    page.wait_for_selector("[data-state='approval-requested'] button[data-action='approve']", timeout=15_000)
+    page.click("button[data-action='approve']")
+    wait_for_text(page, f"Tool delete_file returned: deleted {tag}")
+    page.wait_for_selector("[data-state='output-available'] .tool-name", timeout=10_000)
+    assert page.inner_text("[data-state='output-available'] .tool-name") == "delete_file"
+    page.close()
+
+
+def test_answer_a_client_tool_from_the_page(stack: Any, browser: Any) -> None:
+    page = open_page(browser, stack.port, f"tool-agent/page-{uuid.uuid4().hex[:8]}")
+    page.fill("#message-input", '[tool ask_user {"question": "Your name?"}]')
+    page.click("#send-button")
+    page.wait_for_selector("form[data-action='answer'] input", timeout=15_000)
+    page.fill("form[data-action='answer'] input", "Ada")
+    page.click("form[data-action='answer'] button")
+    wait_for_text(page, 'Tool ask_user returned: {"answer": "Ada"}')
+    page.close()
+
+
+def test_the_browser_answers_its_automatic_client_tool(stack: Any, browser: Any) -> None:
+    page = open_page(browser, stack.port, f"tool-agent/page-{uuid.uuid4().hex[:8]}")
+    page.fill("#message-input", "[tool get_local_time {}]")
+    page.click("#send-button")
+    page.wait_for_function(
+        "window.thinkChat.messages().some(m => m.parts.some(p => p.type === 'text'"
+        ' && p.text.startsWith(\'Tool get_local_time returned: {"iso": "\')))',
+        timeout=30_000,
+    )
+    page.close()
+
+
+def test_clear_empties_the_page_and_the_server(stack: Any, browser: Any) -> None:
+    from chat.selectors import conversation_get, messages_list
+
+    name = f"page-{uuid.uuid4().hex[:8]}"
+    page = open_page(browser, stack.port, name)
+    page.fill("#message-input", "count to 3")
+    page.click("#send-button")
+    wait_for_text(page, "1 2 3")
+    page.wait_for_function("window.thinkChat.status() === 'idle'", timeout=10_000)
+    page.click("#clear-button")
+    page.wait_for_function("window.thinkChat.messages().length === 0", timeout=5_000)
+    conversation = conversation_get(agent="assistant", name=name)
+    assert conversation is not None
+    wait_until_empty = time.monotonic() + 10
+    while messages_list(conversation_id=conversation.pk) and time.monotonic() < wait_until_empty:
+        time.sleep(0.1)
+    assert messages_list(conversation_id=conversation.pk) == []
+    assert page.inner_text("#recent-list").count(name) == 1, "the conversation is in the list"
+    page.close()

@@ -24,7 +24,7 @@ def own_workers(recovery_stack: Any) -> Any:
 def test_an_in_flight_submission_is_continued_to_completion(recovery_stack: Any) -> None:
     worker = recovery_stack.start_worker()
     agent = open_agent("assistant", f"sr-{uuid.uuid4().hex[:8]}")
-    result = agent.submit_messages(["count to 60 [rate 25]"])
+    result = agent.submit_messages(["count to 200 [rate 25]"])
 
     def streaming() -> bool:
         text = assistant_text(agent.messages())
@@ -50,4 +50,4 @@ def test_an_in_flight_submission_is_continued_to_completion(recovery_stack: Any)
     chain = Fiber.objects.filter(conversation_id=agent.conversation_id).order_by("created_at")
     assert [f.kind for f in chain][:2] == [Fiber.Kind.PROGRAMMATIC, Fiber.Kind.CONTINUE]
     assert all(f.snapshot["chat"]["recoveryRootRequestId"] == result.request_id for f in chain)
-    assert assistant_text(agent.messages()) == numbers(60)
+    assert assistant_text(agent.messages()) == numbers(200)

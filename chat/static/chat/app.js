@@ -17,6 +17,26 @@
   const TRANSCRIPT_TIMEOUT_MS = 5000;
   const MAX_FINISHED_STREAMS = 50;
   const ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
+  // Client tools this page offers the model (sent as the request body's clientTools): the browser
+  // answers get_local_time itself; ask_user shows a box where the person types the answer.
+  const CLIENT_TOOLS = [
+    {
+      name: "ask_user",
+      description: "Ask the person using this page a question and wait for their answer.",
+      parameters: { type: "object", properties: { question: { type: "string" } }, required: ["question"] },
+    },
+    {
+      name: "get_local_time",
+      description: "The current date, time and time zone of the person's browser.",
+      parameters: { type: "object", properties: {} },
+    },
+  ];
+  const AUTO_TOOLS = {
+    get_local_time: () => ({
+      iso: new Date().toISOString(),
+      timeZone: Intl.DateTimeFormat().resolvedOptions().timeZone,
+    }),
+  };
 
   // ---------------------------------------------------------------- ids
 
@@ -70,6 +90,7 @@
     pendingTimer: null,
     recovering: false,
     renderQueued: false,
+    answered: new Set(), // client tool calls this page already answered
   };
 
   const els = {};
@@ -124,6 +145,9 @@
       const mine = findMessage(stream.messageId);
       if (!mine) continue;
       const i = incoming.findIndex((m) => m.id === mine.id);
+      // A continuation folds onto the message it continues; once the server lists a message after
+      // that one, it has stored the continuation as its own message, and the server's list wins.
+      if (stream.continuation && i >= 0 && i < incoming.length - 1) continue;
       if (i >= 0) incoming[i] = mine;
       else incoming.push(mine);
     }
@@ -388,6 +412,7 @@
       else {
         const chunk = parseChunk(body); // invalid JSON (e.g. "No response was generated.") is skipped
         if (chunk) applyChunk(stream, chunk);
+        if (chunk && !frame.replay) answerAutomaticTools(chunk);
       }
     }
     if (frame.done) finishStream(stream, frame);
@@ -703,7 +728,7 @@
     const requestId = randomId(8);
     state.streams.set(requestId, newStream(requestId));
     hideError();
-    const body = JSON.stringify({ messages: state.messages, trigger: "submit-message" });
+    const body = JSON.stringify({ messages: state.messages, trigger: "submit-message", clientTools: CLIENT_TOOLS });
     send({ type: "cf_agent_use_chat_request", id: requestId, init: { method: "POST", body } });
     scheduleRender();
     return true;
@@ -723,6 +748,26 @@
     send({ type: "cf_agent_chat_clear" });
     clearLocal();
     scheduleRender();
+  }
+
+  // A client tool's answer: the server stores it and continues the turn once every call has one.
+  function answerTool(toolCallId, name, output) {
+    if (state.answered.has(toolCallId)) return;
+    state.answered.add(toolCallId);
+    send({ type: "cf_agent_tool_result", toolCallId, toolName: name, output, autoContinue: true, clientTools: CLIENT_TOOLS });
+    const part = findToolPart(toolCallId);
+    if (part) {
+      Object.assign(part, { state: "output-available", output });
+      state.transcriptVersion++;
+    }
+    sendResumeProbe(); // be parked on the continuation, as the published hook does
+    scheduleRender();
+  }
+
+  // Tools the browser answers by itself, as soon as their input is complete.
+  function answerAutomaticTools(chunk) {
+    const run = chunk.type === "tool-input-available" && AUTO_TOOLS[chunk.toolName];
+    if (run) answerTool(chunk.toolCallId, chunk.toolName, run(chunk.input || {}));
   }
 
   function respondToApproval(toolCallId, approved) {
@@ -827,6 +872,16 @@
     if (part.input !== undefined) box.append(h("div", { class: "tool-label" }, "input"), h("pre", {}, pretty(part.input)));
     if (part.output !== undefined) box.append(h("div", { class: "tool-label" }, "output"), h("pre", {}, pretty(part.output)));
     if (part.errorText) box.append(h("div", { class: "tool-error" }, String(part.errorText)));
+    if (part.state === "input-available" && toolName(part) === "ask_user" && !state.answered.has(part.toolCallId)) {
+      box.append(
+        h(
+          "form",
+          { class: "tool-answer", "data-action": "answer" },
+          h("input", { type: "text", name: "answer", "aria-label": "Your answer", placeholder: "Your answer" }),
+          h("button", { type: "submit" }, "Answer"),
+        ),
+      );
+    }
     if (part.state === "approval-requested") {
       box.append(
         h(
@@ -1015,6 +1070,14 @@
       const button = event.target.closest("button[data-action]");
       const box = button && button.closest("[data-tool-call-id]");
       if (box) respondToApproval(box.dataset.toolCallId, button.dataset.action === "approve");
+    });
+    els.messages.addEventListener("submit", (event) => {
+      const form = event.target.closest("form[data-action='answer']");
+      const box = form && form.closest("[data-tool-call-id]");
+      if (!box) return;
+      event.preventDefault();
+      const part = findToolPart(box.dataset.toolCallId);
+      if (part) answerTool(part.toolCallId, toolName(part), { answer: form.elements.answer.value });
     });
     els.recent.addEventListener("click", (event) => {
       const item = event.target.closest("button.recent-item");

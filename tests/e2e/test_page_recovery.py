@@ -1,0 +1,48 @@
+"""The page while its worker is killed mid-stream: the recovering state shows, then the whole answer."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_page import allow_sync_db_beside_playwright, browser, open_page  # noqa: F401
+from tests.support import assistant_text, numbers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def own_workers(recovery_stack: Any) -> Any:
+    yield
+    recovery_stack.stop_workers()
+
+
+def test_the_page_shows_a_recovery_after_the_worker_is_killed(recovery_stack: Any, browser: Any) -> None:  # noqa: F811
+    worker = recovery_stack.start_worker()
+    page = open_page(browser, recovery_stack.port, f"page-{uuid.uuid4().hex[:8]}")
+    page.evaluate(
+        "window.__sawRecovering = false;"
+        " setInterval(() => { if (!document.getElementById('recovering-badge').hidden)"
+        " window.__sawRecovering = true; }, 50);"
+    )
+    page.fill("#message-input", "count to 60 [rate 20]")
+    page.click("#send-button")
+    page.wait_for_function(
+        "window.thinkChat.messages().some(m => m.role === 'assistant'"
+        " && m.parts.some(p => p.text && p.text.includes(' 8')))",
+        timeout=20_000,
+    )
+    worker.kill(signal.SIGKILL)
+    recovery_stack.start_worker()
+    page.wait_for_function("window.__sawRecovering === true", timeout=30_000)
+    page.wait_for_function(
+        "window.thinkChat.status() === 'idle' && window.thinkChat.messages().some(m => m.role === 'assistant'"
+        " && m.parts.some(p => p.type === 'text' && p.text.endsWith(' 60')))",
+        timeout=60_000,
+    )
+    assert page.is_hidden("#recovering-badge")
+    assert assistant_text(page.evaluate("window.thinkChat.messages()")) == numbers(60)
+    page.close()
