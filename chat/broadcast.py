@@ -57,3 +57,15 @@ def publish_sync(conversation_id: int, frame: str, *, exclude: list[str] | None 
 
 async def release_parked(conversation_id: int) -> None:
     await group_send(conversation_id, {"type": RELEASE_PARKED})
+
+
+async def release_parked_if_idle(conversation_id: int) -> None:
+    """Release parked connections when no turn is queued or running (none will start a stream)."""
+    from recovery.models import Fiber
+    from recovery.runtime import db
+
+    def busy() -> bool:
+        return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
+
+    if not await db(busy):
+        await release_parked(conversation_id)

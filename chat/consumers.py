@@ -20,7 +20,7 @@ from recovery.stream import stream_chunks
 
 from . import protocol as p
 from .agents import UnknownAgent, agent_class
-from .broadcast import group_name
+from .broadcast import group_name, release_parked
 from .conf import think_setting
 from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from .resume import ack_replay, connect_state, probe_answer
@@ -143,6 +143,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         )
         if not running:  # nothing streams for it: end the client's stream ourselves
             await self.send(p.response_frame(frame.id, done=True, outcome="aborted"))
+            if not await database_sync_to_async(_busy)(self.conversation_id):
+                await release_parked(self.conversation_id)  # no turn left to wait for
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
         result = await database_sync_to_async(tool_result_apply)(
@@ -167,6 +169,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.pending_resume, self.parked = None, False
         self.sent_seq.clear()
         await self._group_broadcast(p.chat_clear_frame(), exclude=[self.channel_name])
+        await release_parked(self.conversation_id)
 
     async def on_resumerequest(self, frame: p.ResumeRequest) -> None:
         answer = await database_sync_to_async(probe_answer)(conversation_id=self.conversation_id)
@@ -261,6 +264,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     def _log_extra(self) -> dict[str, Any]:
         return {"conversation_id": getattr(self, "conversation_id", None), "agent": self.agent_name}
+
+
+def _busy(conversation_id: int) -> bool:
+    from recovery.models import Fiber
+
+    return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
 
 
 def _messages(conversation_id: int) -> list[dict[str, Any]]:

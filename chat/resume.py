@@ -64,6 +64,13 @@ def probe_answer(*, conversation_id: int) -> ProbeAnswer:
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
         return ProbeAnswer("resuming", stream.request_id)
+    # Between an interrupted stream's end and its continuation's start, recovery owns the turn:
+    # the client waits (parked) rather than hearing "idle"; it is released if recovery ends without one.
+    from recovery.recovery_state import recovering_flag_active
+
+    flag = Conversation.objects.values_list("recovering", flat=True).get(pk=conversation_id)
+    if isinstance(flag, dict) and recovering_flag_active(flag, now_ms=int(time.time() * 1000)):
+        return ProbeAnswer("pending", str(flag.get("requestId") or "") or None)
     return ProbeAnswer("idle")
 
 

@@ -228,6 +228,7 @@ def _give_up_target(*, conversation_id: int, incident: Incident) -> RecoveryTarg
 async def _clear_recovering(conversation_id: int) -> None:
     if await db(conversation_set_recovering, conversation_id=conversation_id, request_id=None):
         await broadcast.publish(conversation_id, recovering_frame(False))
+        await broadcast.release_parked_if_idle(conversation_id)
 
 
 async def _continue(conversation: Conversation, data: dict[str, Any]) -> None:

@@ -272,6 +272,8 @@ async def _set_recovering(conversation_id: int, request_id: str | None) -> None:
     changed = await db(conversation_set_recovering, conversation_id=conversation_id, request_id=request_id)
     if changed:
         await broadcast.publish(conversation_id, recovering_frame(request_id is not None, request_id))
+        if request_id is None:  # clients parked on the recovery wait no more, unless a turn follows
+            await broadcast.release_parked_if_idle(conversation_id)
 
 
 async def schedule_recovery(

@@ -21,7 +21,14 @@ def own_workers(recovery_stack: Any) -> Any:
     recovery_stack.stop_workers()
 
 
-def test_an_in_flight_submission_is_continued_to_completion(recovery_stack: Any) -> None:
+def test_an_in_flight_submission_is_continued_to_completion(
+    recovery_stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process would hand the drain to the default queue, where the shared stack's worker (not the
+    # one this test kills) would run the turn: leave the drain to the recovery stack's sweep instead.
+    from recovery import tasks
+
+    monkeypatch.setattr(tasks.fire_alarm, "delay", lambda *args, **kwargs: None)
     worker = recovery_stack.start_worker()
     agent = open_agent("assistant", f"sr-{uuid.uuid4().hex[:8]}")
     result = agent.submit_messages(["count to 200 [rate 25]"])
