@@ -23,6 +23,7 @@ from .agents import UnknownAgent, agent_class
 from .broadcast import group_name, release_parked
 from .conf import think_setting
 from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
+from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer
 from .selectors import stream_for_request
 from .services import conversation_clear, conversation_get_or_create, turn_accept
@@ -61,6 +62,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.group = group_name(conversation.pk)
         # Join before reading state, so nothing published after the read can be missed.
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await connection_join(self.channel_name)
         await self._send_connect_frames()
 
     async def _send_connect_frames(self) -> None:
@@ -81,6 +83,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         # A closed socket never stops a turn: the worker keeps streaming to the group and the database.
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
+            await connection_leave(self.channel_name)
 
     # -- client frames -----------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -148,13 +151,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
         result = await database_sync_to_async(tool_result_apply)(
-            conversation_id=self.conversation_id, result=frame
+            conversation_id=self.conversation_id, result=frame, owner=self.channel_name
         )
         await self._interaction_applied(result, frame.tool_call_id)
 
     async def on_toolapproval(self, frame: p.ToolApproval) -> None:
         result = await database_sync_to_async(tool_approval_apply)(
-            conversation_id=self.conversation_id, approval=frame
+            conversation_id=self.conversation_id, approval=frame, owner=self.channel_name
         )
         await self._interaction_applied(result, frame.tool_call_id)
 
@@ -172,7 +175,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await release_parked(self.conversation_id)
 
     async def on_resumerequest(self, frame: p.ResumeRequest) -> None:
-        answer = await database_sync_to_async(probe_answer)(conversation_id=self.conversation_id)
+        answer = await database_sync_to_async(probe_answer)(
+            conversation_id=self.conversation_id, channel_name=self.channel_name
+        )
         if answer.kind == "resuming":
             assert answer.request_id is not None
             self.pending_resume = answer.request_id
@@ -180,8 +185,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         elif answer.kind == "pending":
             self.parked = True
             await self.send(p.stream_pending_frame(answer.request_id, frame.probe_id))
-        else:
-            await self.send(p.stream_resume_none_frame("idle", frame.probe_id))
+        else:  # "idle", or "continuation-owned": another tab answered the tool and follows its turn
+            await self.send(p.stream_resume_none_frame(answer.kind, frame.probe_id))
 
     async def on_resumeack(self, frame: p.ResumeAck) -> None:
         if self.pending_resume == frame.id:

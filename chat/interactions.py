@@ -97,8 +97,13 @@ def continuation_due(conversation: Conversation, message: Message) -> bool:
     return leaf is not None and leaf.pk == message.pk
 
 
-def interaction_apply(*, conversation_id: int, update: dict[str, Any]) -> InteractionResult:
-    """Apply one result or approval (`update["kind"]`); buffered while its turn is still finishing."""
+def interaction_apply(
+    *, conversation_id: int, update: dict[str, Any], owner: str | None = None
+) -> InteractionResult:
+    """Apply one result or approval (`update["kind"]`); buffered while its turn is still finishing.
+
+    `owner`, the connection that answered, owns the continuation it starts (reference §3.4).
+    """
     from .services import turn_start_followup
 
     with transaction.atomic():
@@ -116,15 +121,22 @@ def interaction_apply(*, conversation_id: int, update: dict[str, Any]) -> Intera
         continuation = None
         if status == "applied" and message is not None and continuation_due(conversation, message):
             conversation.continue_armed = ""
-            continuation = turn_start_followup(conversation=conversation, require_idle=False).request_id
+            extra = {"ownerChannel": owner} if owner else None
+            followup = turn_start_followup(
+                conversation=conversation, require_idle=False, extra_snapshot=extra
+            )
+            continuation = followup.request_id
         conversation.save(update_fields=["last_client_tools", "tool_updates", "continue_armed", "updated_at"])
     ui_message = message.as_ui_message() if status == "applied" and message is not None else None
     return InteractionResult(status, ui_message, continuation)
 
 
-def tool_result_apply(*, conversation_id: int, result: ToolResult) -> InteractionResult:
+def tool_result_apply(
+    *, conversation_id: int, result: ToolResult, owner: str | None = None
+) -> InteractionResult:
     return interaction_apply(
         conversation_id=conversation_id,
+        owner=owner,
         update={
             "kind": "result",
             "toolCallId": result.tool_call_id,
@@ -137,9 +149,12 @@ def tool_result_apply(*, conversation_id: int, result: ToolResult) -> Interactio
     )
 
 
-def tool_approval_apply(*, conversation_id: int, approval: ToolApproval) -> InteractionResult:
+def tool_approval_apply(
+    *, conversation_id: int, approval: ToolApproval, owner: str | None = None
+) -> InteractionResult:
     return interaction_apply(
         conversation_id=conversation_id,
+        owner=owner,
         update={
             "kind": "approval",
             "toolCallId": approval.tool_call_id,

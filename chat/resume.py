@@ -44,14 +44,27 @@ def connect_state(*, conversation_id: int) -> ConnectState:
 
 @dataclass(frozen=True)
 class ProbeAnswer:
-    kind: str  # "resuming", "pending" or "idle"
+    kind: str  # "resuming", "pending", "continuation-owned" or "idle"
     request_id: str | None = None
 
 
-def probe_answer(*, conversation_id: int) -> ProbeAnswer:
-    """What to answer to cf_agent_stream_resume_request."""
+def _owned_by_another(stream: Stream, channel_name: str | None) -> bool:
+    """A tool continuation whose owner (the connection that answered the tool) is still connected."""
+    if not stream.is_continuation or stream.fiber_id is None or channel_name is None:
+        return False
+    from .presence import connection_present
+
+    snapshot = Fiber.objects.values_list("snapshot", flat=True).get(pk=stream.fiber_id) or {}
+    owner = (snapshot.get("chat") or {}).get("ownerChannel")
+    return isinstance(owner, str) and owner != channel_name and connection_present(owner)
+
+
+def probe_answer(*, conversation_id: int, channel_name: str | None = None) -> ProbeAnswer:
+    """What to answer to cf_agent_stream_resume_request (from the connection `channel_name`)."""
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
+        if _owned_by_another(stream, channel_name):
+            return ProbeAnswer("continuation-owned", stream.request_id)
         return ProbeAnswer("resuming", stream.request_id)
     terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
     if isinstance(terminal, dict) and terminal.get("requestId"):

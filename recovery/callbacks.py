@@ -11,6 +11,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from django.utils import timezone
+
 from chat import broadcast
 from chat.agents import Think, agent_for
 from chat.models import Conversation
@@ -203,7 +205,7 @@ def _give_up_target(*, conversation_id: int, incident: Incident) -> RecoveryTarg
 
     conversation = Conversation.objects.get(pk=conversation_id)
     fiber = Fiber.objects.filter(conversation=conversation, request_id=incident.request_id).first() or Fiber(
-        conversation=conversation, request_id=incident.request_id
+        conversation=conversation, request_id=incident.request_id, created_at=timezone.now()
     )
     stream = (
         Stream.objects.filter(conversation=conversation, request_id=incident.request_id)
@@ -252,6 +254,9 @@ async def settle_recovered_turn(*, conversation: Conversation, incident_id: str,
     """A turn started by recovery finished: the incident is completed (record deleted) or failed."""
     data = {"incidentId": incident_id}
     callback = _Callback(conversation, data, CONTINUE_CALLBACK)
+    stored = await callback.incident()
+    if stored is not None and stored.status == "exhausted":
+        return  # given up meanwhile (an operator's "give up now"): that outcome stands
     if outcome == "completed":
         await callback.set_status("completed")
     elif outcome in ("error", "aborted"):

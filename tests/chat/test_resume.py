@@ -59,3 +59,31 @@ def test_a_terminal_record_is_resumed_for_late_delivery(conversation: Conversati
     conversation.save()
     answer = probe_answer(conversation_id=conversation.pk)
     assert (answer.kind, answer.request_id) == ("resuming", "r9")
+
+
+def continuation_stream(conversation: Conversation, owner: str) -> None:
+    snapshot = {"chat": {"requestId": "c1", "continuation": True, "ownerChannel": owner}}
+    fiber = Fiber.objects.create(
+        conversation=conversation, request_id="c1", status="running", snapshot=snapshot
+    )
+    Stream.objects.create(
+        conversation=conversation, fiber=fiber, request_id="c1", message_id="m", is_continuation=True
+    )
+
+
+def test_a_continuation_is_owned_by_the_connection_that_answered_the_tool(conversation: Conversation) -> None:
+    from asgiref.sync import async_to_sync
+
+    from chat.presence import connection_join, connection_leave
+
+    continuation_stream(conversation, owner="specific.owner!1")
+    async_to_sync(connection_join)("specific.owner!1")
+    try:
+        other = probe_answer(conversation_id=conversation.pk, channel_name="specific.other!2")
+        assert (other.kind, other.request_id) == ("continuation-owned", "c1")
+        mine = probe_answer(conversation_id=conversation.pk, channel_name="specific.owner!1")
+        assert mine.kind == "resuming"
+    finally:
+        async_to_sync(connection_leave)("specific.owner!1")
+    gone = probe_answer(conversation_id=conversation.pk, channel_name="specific.other!2")
+    assert gone.kind == "resuming", "an owner that left no longer holds the continuation"

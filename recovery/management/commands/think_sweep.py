@@ -1,0 +1,28 @@
+"""One recovery sweep (what the beat tick does every second), then exit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from recovery import operations
+from recovery.management.options import positive_int
+
+
+class Command(BaseCommand):
+    help = (
+        "Run one recovery sweep: claim fibers whose lease expired and alarms that are due, hand them to "
+        "the workers, requeue lost turns and settle submissions. Prints the counts."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--limit", type=positive_int, default=100, metavar="N", help="claim at most N of each"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        counts = operations.recovery_sweep(limit=options["limit"])
+        for name, count in counts.items():
+            self.stdout.write(f"{name}: {count}")
+        self.stdout.write(self.style.SUCCESS("Sweep done."))

@@ -1,0 +1,252 @@
+"""Operator actions, shared by the admin actions and the management commands.
+
+Each goes through the services the engine itself uses: a forced recovery claims fibers the way the beat
+tick does (fencing number bumped, so the worker that held them can write nothing more; status
+interrupted) and hands them to `think.recover_fiber`; a give-up is the callback path's give-up; a sweep
+is one beat tick. Nothing here edits a transcript.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F, QuerySet, Value
+from django.db.models.functions import Coalesce, Now, NullIf
+from django.utils import timezone
+
+from chat import broadcast
+from chat.agents import UnknownAgent
+from chat.models import Conversation
+from chat.protocol import recovering_frame
+
+from . import runtime, tasks
+from .detection import HANDLING_TTL, RECOVERY_OWNER
+from .engine import CONTINUE_CALLBACK, RETRY_CALLBACK
+from .fibers import fiber_request_cancel
+from .models import Alarm, Fiber, Incident
+from .recovery_state import conversation_set_recovering
+from .retention import ABANDONED_RETENTION, streams_sweep
+
+logger = logging.getLogger(__name__)
+
+FORCED = "forced"
+FORCEABLE = [Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]
+OPEN_INCIDENTS = [Incident.Status.DETECTED, Incident.Status.SCHEDULED, Incident.Status.ATTEMPTING]
+CLOSED_INCIDENTS = [
+    Incident.Status.COMPLETED,
+    Incident.Status.SKIPPED,
+    Incident.Status.EXHAUSTED,
+    Incident.Status.FAILED,
+]
+# How long a forced give-up may take (it runs the agent's on_exhausted hook) before the caller stops waiting.
+GIVE_UP_TIMEOUT_S = 60.0
+
+
+class OperationRefused(Exception):
+    """The operation does not apply: an unknown id, a finished fiber, an incident that is not open."""
+
+
+def epoch_ms_datetime(value: int | None) -> datetime | None:
+    """Incident times are epoch milliseconds (the budget's clock); operators read datetimes."""
+    return None if value is None else datetime.fromtimestamp(value / 1000, tz=UTC)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Force recovery
+# --------------------------------------------------------------------------------------------------------
+
+
+def _enqueue(fiber_ids: list[str]) -> None:
+    for fiber_id in fiber_ids:
+        tasks.recover_fiber.delay(fiber_id)
+        logger.info("recovery forced by an operator", extra={"fiber_id": fiber_id})
+
+
+def _force(fibers: QuerySet[Fiber], *, dry_run: bool, limit: int | None = None) -> list[str]:
+    """Claim running or interrupted fibers for the engine, as the tick does, and enqueue them after commit."""
+    with transaction.atomic():
+        locked = fibers.filter(status__in=FORCEABLE).select_for_update().order_by("lease_expires_at", "pk")
+        ids = [str(pk) for pk in locked.values_list("pk", flat=True)[:limit]]
+        if ids and not dry_run:
+            Fiber.objects.filter(pk__in=ids, status__in=FORCEABLE).update(
+                status=Fiber.Status.INTERRUPTED,
+                # A reason the worker recorded is kept: "worker_lost" spends the OOM budget.
+                interruption=Coalesce(NullIf(F("interruption"), Value("")), Value(FORCED)),
+                fencing=F("fencing") + 1,
+                lease_owner=RECOVERY_OWNER,
+                lease_expires_at=Now() + HANDLING_TTL,
+            )
+            transaction.on_commit(lambda: _enqueue(ids))
+    return ids
+
+
+def fiber_force_recover(*, fiber_id: Any, dry_run: bool = False) -> str:
+    """Hand one running (live or not) or interrupted fiber to the engine now; its id."""
+    try:
+        fiber = Fiber.objects.filter(pk=fiber_id).first()
+    except (ValueError, ValidationError):
+        raise OperationRefused(f"{fiber_id!r} is not a fiber id") from None
+    if fiber is None:
+        raise OperationRefused(f"fiber {fiber_id} does not exist")
+    if fiber.status not in FORCEABLE:
+        raise OperationRefused(
+            f"fiber {fiber_id} is {fiber.status}: only a running or interrupted fiber can be recovered"
+        )
+    forced = _force(Fiber.objects.filter(pk=fiber.pk), dry_run=dry_run)
+    if not forced:
+        raise OperationRefused(f"fiber {fiber_id} finished meanwhile")
+    return forced[0]
+
+
+def conversation_force_recover(*, conversation_id: int, dry_run: bool = False) -> list[str]:
+    """Hand every running or interrupted fiber of a conversation to the engine now; their ids."""
+    return _force(Fiber.objects.filter(conversation_id=conversation_id), dry_run=dry_run)
+
+
+def fibers_force_recover_stale(
+    *, older_than: float = 0, limit: int | None = None, dry_run: bool = False
+) -> list[str]:
+    """Running fibers whose lease expired more than `older_than` seconds ago, oldest first; their ids."""
+    if older_than < 0:
+        raise ValueError("older_than must be zero or more seconds")
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be at least 1")
+    stale = Fiber.objects.filter(
+        status=Fiber.Status.RUNNING, lease_expires_at__lt=Now() - timedelta(seconds=older_than)
+    )
+    return _force(stale, dry_run=dry_run, limit=limit)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Give up, clear the recovering flag
+# --------------------------------------------------------------------------------------------------------
+
+
+def _recovery_stop(incident: Incident) -> None:
+    """No recovery of a given-up incident may start later: its pending alarms go, its turns are cancelled."""
+    Alarm.objects.filter(
+        conversation_id=incident.conversation_id,
+        callback__in=[CONTINUE_CALLBACK, RETRY_CALLBACK],
+        status=Alarm.Status.PENDING,
+        payload__incidentId=incident.incident_id,
+    ).delete()
+    chain = Fiber.objects.filter(
+        conversation_id=incident.conversation_id, snapshot__chat__incidentId=incident.incident_id
+    ).active()
+    for request_id in chain.values_list("request_id", flat=True):
+        fiber_request_cancel(conversation_id=incident.conversation_id, request_id=request_id)
+
+
+def _give_up(incident: Incident) -> None:
+    from .callbacks import _Callback
+
+    callback = RETRY_CALLBACK if incident.recovery_kind == "retry" else CONTINUE_CALLBACK
+    data = {"incidentId": incident.incident_id, "originalRequestId": incident.recovery_root_request_id}
+    try:
+        handler = _Callback(incident.conversation, data, callback)
+    except UnknownAgent as exc:
+        raise OperationRefused(f"{incident.conversation}: {exc}") from None
+    _recovery_stop(incident)
+    runtime.run(handler.give_up(FORCED), timeout=GIVE_UP_TIMEOUT_S)
+    logger.info(
+        "recovery given up by an operator",
+        extra={"conversation_id": incident.conversation_id, "incident_id": incident.incident_id},
+    )
+
+
+def incident_give_up(*, incident_pk: int) -> None:
+    """Give up on one open incident now: the terminal message goes out and nothing more is attempted."""
+    incident = Incident.objects.select_related("conversation").filter(pk=incident_pk).first()
+    if incident is None:
+        raise OperationRefused(f"incident {incident_pk} does not exist")
+    if incident.status not in OPEN_INCIDENTS:
+        raise OperationRefused(f"incident {incident.incident_id} is {incident.status}, not open")
+    _give_up(incident)
+
+
+def conversation_give_up(*, conversation_id: int) -> int:
+    """Give up on every open incident of a conversation; how many there were."""
+    incidents = list(
+        Incident.objects.select_related("conversation").filter(
+            conversation_id=conversation_id, status__in=OPEN_INCIDENTS
+        )
+    )
+    for incident in incidents:
+        _give_up(incident)
+    return len(incidents)
+
+
+def conversation_clear_recovering(*, conversation_id: int) -> bool:
+    """Clear a stuck recovering flag and tell the clients; False when there was none."""
+    changed = conversation_set_recovering(conversation_id=conversation_id, request_id=None)
+    # A flag past its TTL already counts as absent, so the service leaves it; an operator wants it gone.
+    flagged = Conversation.objects.filter(pk=conversation_id, recovering__isnull=False)
+    expired = flagged.update(recovering=None)
+    if not (changed or expired):
+        return False
+    broadcast.publish_sync(conversation_id, recovering_frame(False))
+    # As release_parked_if_idle does for the engine: parked clients wait no more unless a turn follows.
+    if not Fiber.objects.filter(conversation_id=conversation_id).active().exists():
+        async_to_sync(broadcast.release_parked)(conversation_id)
+    return True
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sweep, prune, report
+# --------------------------------------------------------------------------------------------------------
+
+
+def recovery_sweep(*, limit: int = 100) -> dict[str, int]:
+    """What the beat tick does, once: claim expired fibers and due alarms, hand them out; the counts."""
+    return tasks.recovery_tick(limit=limit)
+
+
+def streams_prune(*, older_than_minutes: float = 10, dry_run: bool = False) -> int:
+    """Delete stream buffers finished more than N minutes ago; abandoned ones keep at least their hour."""
+    if older_than_minutes < 0:
+        raise ValueError("older_than_minutes must be zero or more")
+    completed = timedelta(minutes=older_than_minutes)
+    return streams_sweep(completed=completed, abandoned=max(completed, ABANDONED_RETENTION), dry_run=dry_run)
+
+
+def incidents_prune(*, older_than_days: float = 7, dry_run: bool = False) -> int:
+    """Delete closed incidents (completed, skipped, exhausted, failed) untouched for more than N days."""
+    if older_than_days < 0:
+        raise ValueError("older_than_days must be zero or more")
+    closed = Incident.objects.filter(
+        status__in=CLOSED_INCIDENTS, updated_at__lt=timezone.now() - timedelta(days=older_than_days)
+    )
+    if dry_run:
+        return closed.count()
+    return closed.delete()[1].get(Incident._meta.label, 0)
+
+
+def incidents_report(*, statuses: Sequence[str]) -> list[dict[str, Any]]:
+    """Incidents in the given statuses, newest first, as plain JSON-ready rows."""
+    rows = Incident.objects.select_related("conversation").filter(status__in=statuses).order_by("-updated_at")
+    return [
+        {
+            "conversation": str(row.conversation),
+            "incident_id": row.incident_id,
+            "status": row.status,
+            "reason": row.reason,
+            "recovery_kind": row.recovery_kind,
+            "attempt": row.attempt,
+            "max_attempts": row.max_attempts,
+            "first_seen_at": _iso(row.first_seen_at),
+            "last_attempt_at": _iso(row.last_attempt_at),
+            "updated_at": row.updated_at.isoformat(),
+        }
+        for row in rows
+    ]
+
+
+def _iso(value: int | None) -> str | None:
+    moment = epoch_ms_datetime(value)
+    return None if moment is None else moment.isoformat()
