@@ -21,7 +21,10 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 
 ## The service: web (daphne), worker, beat and the scripted model, against Postgres and Redis.
+## Web, worker and beat share one metrics directory (prometheus_client multiprocess mode), emptied first.
+run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.run/metrics
 run: migrate
+	$(PY) -m thinkproject.bootstrap metrics
 	$(BIN)/honcho start
 
 ## The tests: linters, type checks, migrations check, then pytest on real Postgres, Redis and processes.

@@ -111,17 +111,17 @@ class TurnRunner:
         token = _current_agent.set(agent)
         try:
             await self._supervise(agent, messages)
-        finally:
+        finally:  # also when the worker stops mid-turn: the turn ends here as "interrupted"
             _current_agent.reset(token)
             agent.turn = None
-        self._emit_event(
-            "chat:turn:finish",
-            {
-                "requestId": self.request_id,
-                "status": self.outcome,
-                "durationMs": int((time.monotonic() - started) * 1000),
-            },
-        )
+            self._emit_event(
+                "chat:turn:finish",
+                {
+                    "requestId": self.request_id,
+                    "status": self.outcome,
+                    "durationMs": int((time.monotonic() - started) * 1000),
+                },
+            )
 
     async def _open_stream(self, next_seq: int = 0) -> None:
         """Open the turn's stream (again after a reactive overflow retry: seq carries on)."""

@@ -6,3 +6,9 @@ class RecoveryConfig(AppConfig):
     label = "think_recovery"
     verbose_name = "Think recovery"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import metrics, signals
+
+        # Turn and recovery counts come from the diagnostic events.
+        signals.chat_event.connect(metrics.chat_event_observed, dispatch_uid="think_recovery.metrics")

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from . import metrics
 from .alarms import alarms_claim_due
 from .models import Fiber
 
@@ -32,24 +33,28 @@ class TickClaims:
     alarms: list[int] = field(default_factory=list)
 
 
-def _claim_interrupted(limit: int) -> list[Any]:
+def _claim_interrupted(limit: int) -> list[tuple[Any, str]]:
+    """Claim the fibers whose lease lapsed; their ids with the status they had (running, interrupted)."""
     expired = Fiber.objects.select_for_update(skip_locked=True).filter(
         Q(status=Fiber.Status.RUNNING) | Q(status=Fiber.Status.INTERRUPTED), lease_expires_at__lt=Now()
     )
-    ids = list(expired.order_by("lease_expires_at").values_list("pk", flat=True)[:limit])
-    Fiber.objects.filter(pk__in=ids).update(
+    rows = list(expired.order_by("lease_expires_at").values_list("pk", "status")[:limit])
+    Fiber.objects.filter(pk__in=[pk for pk, _ in rows]).update(
         status=Fiber.Status.INTERRUPTED,
         fencing=F("fencing") + 1,
         lease_owner=RECOVERY_OWNER,
         lease_expires_at=Now() + HANDLING_TTL,
     )
-    return ids
+    return rows
 
 
 def tick_claim(*, limit: int = 100) -> TickClaims:
     """Claim expired fibers and due alarms in one transaction."""
     with transaction.atomic():
-        return TickClaims(fibers=_claim_interrupted(limit), alarms=alarms_claim_due(limit=limit))
+        expired = _claim_interrupted(limit)
+        claims = TickClaims(fibers=[pk for pk, _ in expired], alarms=alarms_claim_due(limit=limit))
+    metrics.lease_expiries_observed(status for _, status in expired)
+    return claims
 
 
 def fiber_interrupt(*, fiber_id: Any, fencing: int, reason: str = "") -> bool:

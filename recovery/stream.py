@@ -22,6 +22,7 @@ from chat.conf import think_setting
 from chat.models import Conversation
 from chat.protocol import chunk_frame, dumps, encode_chunk
 
+from . import metrics
 from .fibers import LeaseLost, lease_ttl
 from .models import Fiber, Segment, Stream
 from .runtime import db
@@ -215,12 +216,14 @@ class StreamWriter:
         async with self._lock:
             if not self._buffer:
                 return
-            batch, credit = self._buffer, self._credit
+            batch, credit, since = self._buffer, self._credit, self._buffered_since
             self._buffer, self._buffer_bytes, self._credit = [], 0, 0
             if self._persist:
                 await self._write(batch, credit)
             self._flushed_any = True
             await self.publish([(seq, frame) for seq, _, frame in batch])
+            # Per batch, never per chunk: the oldest chunk's wait is the batch's worst latency.
+            metrics.flush_observed(chunks=len(batch), oldest_age_s=time.monotonic() - since)
 
     async def _write(self, batch: list[tuple[int, str, str]], credit: int) -> None:
         """The segment write: one fenced statement that also renews the lease and credits progress."""

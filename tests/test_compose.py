@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from django.urls import resolve
+
+from thinkproject.health import healthz
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +59,25 @@ def test_broker_redis_never_evicts_and_persists(compose: dict[str, Any]) -> None
 
 
 def test_web_health_check_uses_the_health_endpoint(compose: dict[str, Any]) -> None:
-    assert "/healthz" in " ".join(compose["services"]["web"]["healthcheck"]["test"])
+    web = compose["services"]["web"]
+    check = " ".join(web["healthcheck"]["test"])
+    match = re.search(r"urlopen\('http://127\.0\.0\.1:(\d+)(/[^']*)'", check)
+    assert match is not None, check
+    port, path = match.groups()
+    assert f"-p {port} " in web["command"]  # the port daphne listens on
+    assert resolve(path).func is healthz  # the Postgres, Redis and beat checks, 503 when one fails
+
+
+def test_web_worker_and_beat_share_one_metrics_directory(compose: dict[str, Any]) -> None:
+    """prometheus_client multiprocess mode: every process writes there and web serves /metrics."""
+    services = compose["services"]
+    directory = services["web"]["environment"]["PROMETHEUS_MULTIPROC_DIR"]
+    for name in ("migrate", "web", "worker", "beat"):
+        assert services[name]["environment"]["PROMETHEUS_MULTIPROC_DIR"] == directory
+        assert f"metrics:{directory}" in services[name]["volumes"]
+    assert "metrics" in compose["volumes"]
+    # Emptied once per start, before web, worker and beat (which wait for migrate to complete).
+    assert "thinkproject.bootstrap metrics" in services["migrate"]["command"]
 
 
 def test_compose_runs_what_the_procfile_runs(compose: dict[str, Any]) -> None:
@@ -66,6 +88,15 @@ def test_compose_runs_what_the_procfile_runs(compose: dict[str, Any]) -> None:
     assert "--pool threads" in worker and "--pool threads" in processes["worker"]
     for flag in ("--websocket_timeout 86400", "--ping-interval 20", "thinkproject.asgi:application"):
         assert flag in compose["services"]["web"]["command"] and flag in processes["web"]
+
+
+def test_procfile_processes_share_the_metrics_directory_make_run_empties() -> None:
+    processes = procfile()
+    for name in ("web", "worker", "beat"):
+        assert "PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-.run/metrics}" in processes[name]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.run/metrics" in makefile
+    assert "thinkproject.bootstrap metrics" in makefile
 
 
 def test_single_beat(compose: dict[str, Any]) -> None:

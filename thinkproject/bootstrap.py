@@ -1,10 +1,16 @@
-"""Create the configured Postgres database if it is missing (used by `make run` on a fresh machine)."""
+"""Start-up chores of `make run` and docker-compose, run once before web, worker and beat start.
+
+python -m thinkproject.bootstrap            # create the Postgres database if it is missing
+python -m thinkproject.bootstrap metrics    # empty PROMETHEUS_MULTIPROC_DIR (when it is set)
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -25,6 +31,27 @@ def ensure_database() -> None:
             logger.warning("created database %s", db["NAME"])
 
 
+def reset_metrics_dir() -> Path | None:
+    """Empty (or create) the prometheus_client multiprocess directory, as its docs ask at every start:
+    files left by an earlier run would be added to this run's counters. Only its contents go, since it
+    may be a mounted volume."""
+    value = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not value:
+        return None
+    path = Path(value)
+    path.mkdir(parents=True, exist_ok=True)
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    logger.info("emptied metrics directory %s", path)
+    return path
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    ensure_database()
+    if sys.argv[1:] == ["metrics"]:
+        reset_metrics_dir()
+    else:
+        ensure_database()

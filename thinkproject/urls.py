@@ -6,5 +6,6 @@ from .health import healthz
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("", include("recovery.urls")),
     path("", include("chat.urls")),
 ]

@@ -137,6 +137,8 @@ def test_answer_a_client_tool_from_the_page(stack: Any, browser: Any) -> None:
     page.click("#send-button")
     page.wait_for_selector("form[data-action='answer'] input", timeout=15_000)
     page.fill("form[data-action='answer'] input", "Ada")
+    page.wait_for_function("window.thinkChat.status() === 'idle'", timeout=10_000)  # the turn has ended
+    assert page.input_value("form[data-action='answer'] input") == "Ada", "typing survives re-renders"
     page.click("form[data-action='answer'] button")
     wait_for_text(page, 'Tool ask_user returned: {"answer": "Ada"}')
     page.close()

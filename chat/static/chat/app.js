@@ -91,6 +91,7 @@
     recovering: false,
     renderQueued: false,
     answered: new Set(), // client tool calls this page already answered
+    drafts: new Map(), // tool call id -> the answer typed so far
   };
 
   const els = {};
@@ -877,7 +878,14 @@
         h(
           "form",
           { class: "tool-answer", "data-action": "answer" },
-          h("input", { type: "text", name: "answer", "aria-label": "Your answer", placeholder: "Your answer" }),
+          // A re-render (more chunks of the turn) keeps what the person has typed so far.
+          h("input", {
+            type: "text",
+            name: "answer",
+            "aria-label": "Your answer",
+            placeholder: "Your answer",
+            value: state.drafts.get(part.toolCallId),
+          }),
           h("button", { type: "submit" }, "Answer"),
         ),
       );
@@ -1070,6 +1078,10 @@
       const button = event.target.closest("button[data-action]");
       const box = button && button.closest("[data-tool-call-id]");
       if (box) respondToApproval(box.dataset.toolCallId, button.dataset.action === "approve");
+    });
+    els.messages.addEventListener("input", (event) => {
+      const box = event.target.closest("form[data-action='answer'] input") && event.target.closest("[data-tool-call-id]");
+      if (box) state.drafts.set(box.dataset.toolCallId, event.target.value);
     });
     els.messages.addEventListener("submit", (event) => {
       const form = event.target.closest("form[data-action='answer']");
