@@ -9,10 +9,24 @@ from django.utils.module_loading import import_string
 
 from .conf import think_setting
 
+POSITIVE_NUMBERS = ("FLUSH_EVERY_CHUNKS", "FLUSH_INTERVAL_MS", "LEASE_TTL_S", "HEARTBEAT_INTERVAL_S")
+POSITIVE_INTEGERS = (
+    "MAX_NAME_LENGTH",
+    "MAX_FRAME_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_MESSAGE_PARTS",
+    "MAX_TOOL_OUTPUT_BYTES",
+    "MAX_QUEUED_TURNS",
+    "MAX_FRAME_BURST",
+)
+
 
 @register()
 def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
+    return [*_check_agents(), *_check_numbers(), *_check_limits()]
+
+
+def _check_agents() -> list[CheckMessage]:
     agents = think_setting("AGENTS")
     if not isinstance(agents, dict) or not agents:
         return [
@@ -20,6 +34,7 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         ]
     from .agents import Think, kebab
 
+    errors: list[CheckMessage] = []
     for name, path in agents.items():
         if not isinstance(name, str) or kebab(name) != name:
             errors.append(
@@ -36,13 +51,21 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
             continue
         if not (isinstance(cls, type) and issubclass(cls, Think)):
             errors.append(Error(f"Agent {name!r}: {path!r} is not a Think subclass.", id="think_chat.E004"))
-    for key in ("FLUSH_EVERY_CHUNKS", "FLUSH_INTERVAL_MS", "LEASE_TTL_S", "HEARTBEAT_INTERVAL_S"):
-        value = think_setting(key)
-        if not isinstance(value, int | float) or value <= 0:
-            errors.append(
-                Error(f"THINK[{key!r}] must be a positive number, got {value!r}.", id="think_chat.E005")
-            )
-    if think_setting("HEARTBEAT_INTERVAL_S") >= think_setting("LEASE_TTL_S"):
+    return errors
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _check_numbers() -> list[CheckMessage]:
+    errors: list[CheckMessage] = [
+        Error(f"THINK[{key!r}] must be a positive number, got {value!r}.", id="think_chat.E005")
+        for key in (*POSITIVE_NUMBERS, "MAX_FRAMES_PER_S")
+        if not _positive_number(value := think_setting(key))
+    ]
+    heartbeat, ttl = think_setting("HEARTBEAT_INTERVAL_S"), think_setting("LEASE_TTL_S")
+    if _positive_number(heartbeat) and _positive_number(ttl) and heartbeat >= ttl:
         errors.append(
             Error(
                 "THINK['HEARTBEAT_INTERVAL_S'] must be shorter than THINK['LEASE_TTL_S'].",
@@ -51,3 +74,15 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
             )
         )
     return errors
+
+
+def _check_limits() -> list[CheckMessage]:
+    return [
+        Error(
+            f"THINK[{key!r}] must be a positive integer, got {value!r}.",
+            hint="It is a limit on client input (see the Limits section of the README).",
+            id="think_chat.E007",
+        )
+        for key in POSITIVE_INTEGERS
+        if not (isinstance(value := think_setting(key), int) and not isinstance(value, bool) and value > 0)
+    ]

@@ -23,9 +23,16 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 1.0,
     # Prefix of channel-layer group names, one group per conversation.
     "GROUP_PREFIX": "think",
-    # Longest request id, conversation name and frame the consumer accepts.
+    # Longest conversation name the consumer accepts.
     "MAX_NAME_LENGTH": 200,
-    "MAX_FRAME_BYTES": 1_000_000,
+    # Limits on client input (chat.limits); anything beyond one is refused and nothing is stored.
+    "MAX_FRAME_BYTES": 1_000_000,  # one WebSocket frame (a chat request carries the whole transcript)
+    "MAX_MESSAGE_BYTES": 256_000,  # the JSON of one new UIMessage in a chat request
+    "MAX_MESSAGE_PARTS": 200,  # parts of one new UIMessage
+    "MAX_TOOL_OUTPUT_BYTES": 256_000,  # the JSON of one cf_agent_tool_result output
+    "MAX_QUEUED_TURNS": 10,  # turns waiting behind a busy one, per conversation ("queue" policy)
+    "MAX_FRAMES_PER_S": 20.0,  # frames per connection per second, after a burst of ...
+    "MAX_FRAME_BURST": 100,
 }
 
 

@@ -7,7 +7,6 @@ replay-then-live gap-free and duplicate-free across processes.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -23,6 +22,7 @@ from .agents import UnknownAgent, agent_class
 from .broadcast import group_name, release_parked
 from .conf import think_setting
 from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
+from .limits import frame_bucket, frame_limits
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer
 from .selectors import stream_for_request
@@ -45,6 +45,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.pending_resume: str | None = None
         self.parked = False
         self.sent_seq: OrderedDict[str, int] = OrderedDict()
+        self.limits, self.bucket, self.throttled = frame_limits(), frame_bucket(), False
         subprotocols = list(self.scope.get("subprotocols") or [])
         await self.accept(subprotocols[0] if subprotocols else None)
         try:
@@ -89,15 +90,19 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data is None:
             return  # binary frames are not part of the protocol
-        if len(text_data) > think_setting("MAX_FRAME_BYTES"):
-            logger.warning("frame of %s bytes refused", len(text_data), extra=self._log_extra())
-            await self._refuse(text_data[:2000], "frame too large")
+        if not self.bucket.take():
+            if not self.throttled:  # once per flood, not once per frame
+                logger.warning("frames over the rate limit refused", extra=self._log_extra())
+            self.throttled = True
+            await self._refuse(text_data, f"Chat request refused: {self._rate_text()}")
             return
+        self.throttled = False
         try:
-            frame = p.parse_frame(text_data)
+            frame = p.parse_frame(text_data, self.limits)
         except p.ProtocolError as exc:
-            logger.info("malformed frame ignored: %s", exc, extra=self._log_extra())
-            await self._refuse(text_data, str(exc))
+            level = logging.WARNING if isinstance(exc, p.LimitExceeded) else logging.INFO
+            logger.log(level, "frame refused: %s", exc, extra=self._log_extra())
+            await self._refuse(text_data, f"Invalid chat request: {exc}")
             return
         if frame is None:
             logger.debug("unknown frame type ignored", extra=self._log_extra())
@@ -106,20 +111,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if handler is not None:
             await handler(frame)
 
-    async def _refuse(self, text: str, reason: str) -> None:
-        """A refused chat request still ends its client stream, with the reason as an error."""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return
-        if (
-            isinstance(data, dict)
-            and data.get("type") == p.USE_CHAT_REQUEST
-            and isinstance(data.get("id"), str)
-        ):
-            await self.send(
-                p.response_frame(data["id"][:255], f"Invalid chat request: {reason}", done=True, error=True)
-            )
+    async def _refuse(self, text: str, body: str) -> None:
+        """A refused chat request still ends its client stream, with the reason as an error; other
+        frames have no error frame in the protocol (the log line is all)."""
+        request_id = p.refused_request_id(text)
+        if request_id is not None:
+            await self.send(p.response_frame(request_id, body, done=True, error=True))
+
+    def _rate_text(self) -> str:
+        return f"more than {self.bucket.rate:g} frames a second (after a burst of {self.bucket.burst})"
 
     async def on_chatrequest(self, frame: p.ChatRequest) -> None:
         policy = agent_class(self.agent_name).message_concurrency
@@ -127,6 +127,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
             conversation_id=self.conversation_id, request=frame, policy=policy
         )
         if accepted.duplicate:
+            return
+        if accepted.refused:
+            logger.warning("chat request refused: %s", accepted.refused, extra=self._log_extra())
+            body = f"Chat request refused: {accepted.refused}"
+            await self.send(p.response_frame(frame.id, body, done=True, error=True))
             return
         if accepted.dropped:  # roll the client back to the server's transcript, end its stream
             messages = await database_sync_to_async(_messages)(self.conversation_id)

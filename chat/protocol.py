@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +27,29 @@ IDENTITY = "cf_agent_identity"
 
 ROLES = frozenset({"user", "assistant", "system"})
 MAX_ID_LENGTH = 255
+# Deeper JSON is refused: no client writes it, and every later reader (Postgres, json) recurses on it.
+MAX_JSON_DEPTH = 100
 
 
 class ProtocolError(ValueError):
     """A client frame that cannot be accepted; the message says why."""
+
+
+class LimitExceeded(ProtocolError):
+    """A well-formed client frame that is over one of the size limits."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits of client frames (the THINK settings of the same names; see chat.limits)."""
+
+    max_frame_bytes: int = 1_000_000
+    max_message_bytes: int = 256_000  # the JSON of one UIMessage
+    max_message_parts: int = 200
+    max_tool_output_bytes: int = 256_000  # the JSON of one cf_agent_tool_result output
+
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -85,17 +107,97 @@ class ClientMessages:
 Frame = ChatRequest | Cancel | Clear | ResumeRequest | ResumeAck | ToolResult | ToolApproval | ClientMessages
 
 
-def parse_frame(text: str | bytes) -> Frame | None:
-    """Parse one client frame. Unknown types give None; malformed known frames raise ProtocolError."""
-    try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}") from None
+def parse_frame(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Frame | None:
+    """Parse one client frame. Unknown types give None; malformed known frames raise ProtocolError.
+
+    Known frames are also refused when they hold what Postgres cannot store (NUL characters, lone
+    surrogates, NaN or Infinity) or JSON nested deeper than MAX_JSON_DEPTH.
+    """
+    size = utf8_length(text, limits.max_frame_bytes)
+    if size > limits.max_frame_bytes:
+        raise LimitExceeded(f"frame is larger than {limits.max_frame_bytes} bytes")
+    data = _loads(text, "frame is not JSON")
     if not isinstance(data, dict):
         raise ProtocolError("frame is not a JSON object")
     frame_type = data.get("type")
     parser = _PARSERS.get(frame_type) if isinstance(frame_type, str) else None
-    return parser(data) if parser else None
+    if parser is None:
+        return None
+    check_storable(data)
+    return parser(data, limits)
+
+
+_SNIFF_CHARS = 1024
+_CHAT_REQUEST_TYPE = re.compile(r'"type"\s*:\s*"cf_agent_use_chat_request"')
+_ID_FIELD = re.compile(r'"id"\s*:\s*("(?:[^"\\\x00-\x1f]|\\.){1,1530}")')
+
+
+def refused_request_id(text: str) -> str | None:
+    """The id of a refused chat request, so that its client stream can end with the reason; else None.
+
+    Best effort, and the same cost for any frame (one refused for its size, or one of a flood): only
+    the first and last 1024 characters are read. Clients write `id` and `type` around the long `init`.
+    """
+    ends = (text[:_SNIFF_CHARS], text[-_SNIFF_CHARS:])
+    if not any(_CHAT_REQUEST_TYPE.search(end) for end in ends):
+        return None
+    for end in ends:
+        found = _ID_FIELD.search(end)
+        if found is None:
+            continue
+        try:
+            request_id = json.loads(found.group(1))
+            _check_text(request_id)
+        except (ValueError, RecursionError):
+            continue
+        if 0 < len(request_id) <= MAX_ID_LENGTH:
+            return request_id
+    return None
+
+
+def _loads(text: str | bytes, error: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"{error}: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"{error}: nested too deeply") from None
+
+
+def utf8_length(text: str | bytes, limit: int) -> int:
+    """The UTF-8 size of `text`; past `limit` only a lower bound, so a huge frame is never encoded."""
+    if isinstance(text, bytes) or len(text) > limit or text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_storable(value: Any) -> None:
+    """Raise ProtocolError for JSON that Postgres cannot store or that is nested too deeply."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ProtocolError("numbers must be finite (no NaN or Infinity)")
+        elif isinstance(item, dict | list) and depth >= MAX_JSON_DEPTH:
+            raise ProtocolError(f"JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                _check_text(key)
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise ProtocolError("text must not contain NUL characters")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError("text must not contain lone surrogates") from None
 
 
 def _str_field(
@@ -116,7 +218,7 @@ def validate_ui_message(message: Any) -> dict[str, Any]:
         raise ProtocolError("each message must be an object")
     if not isinstance(message.get("id"), str) or not message["id"] or len(message["id"]) > MAX_ID_LENGTH:
         raise ProtocolError("each message needs a string 'id' of at most 255 characters")
-    if message.get("role") not in ROLES:
+    if not isinstance(message.get("role"), str) or message["role"] not in ROLES:
         raise ProtocolError(f"message {message['id']!r}: 'role' must be one of user, assistant, system")
     parts = message.get("parts", [])
     if not isinstance(parts, list) or not all(
@@ -132,6 +234,26 @@ def validate_ui_message(message: Any) -> dict[str, Any]:
     return {"id": message["id"], "role": message["role"], "parts": parts, "metadata": message.get("metadata")}
 
 
+def check_message_limits(message: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse a (validated) UIMessage with too many parts or too much JSON.
+
+    The server applies this to the messages a request adds: clients echo the whole transcript, and the
+    messages the server wrote itself (long answers, big tool outputs) must not block later requests.
+    """
+    if len(message["parts"]) > limits.max_message_parts:
+        raise LimitExceeded(
+            f"message {message['id']!r} has {len(message['parts'])} parts;"
+            f" at most {limits.max_message_parts} are accepted"
+        )
+    if json_size(message) > limits.max_message_bytes:
+        raise LimitExceeded(f"message {message['id']!r} is larger than {limits.max_message_bytes} bytes")
+
+
+def json_size(value: Any) -> int:
+    """Bytes of the compact UTF-8 JSON of `value`."""
+    return len(dumps(value).encode("utf-8", "surrogatepass"))
+
+
 def _parse_client_tools(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None
@@ -142,7 +264,7 @@ def _parse_client_tools(value: Any) -> list[dict[str, Any]] | None:
     return value
 
 
-def _parse_chat_request(data: dict[str, Any]) -> ChatRequest:
+def _parse_chat_request(data: dict[str, Any], limits: Limits) -> ChatRequest:
     request_id = _str_field(data, "id")
     init = data.get("init")
     if not isinstance(init, dict) or init.get("method", "POST") != "POST":
@@ -150,12 +272,10 @@ def _parse_chat_request(data: dict[str, Any]) -> ChatRequest:
     raw_body = init.get("body")
     if not isinstance(raw_body, str):
         raise ProtocolError("'init.body' must be a JSON string")
-    try:
-        body = json.loads(raw_body)
-    except ValueError:
-        raise ProtocolError("'init.body' is not valid JSON") from None
+    body = _loads(raw_body, "'init.body' is not valid JSON")
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise ProtocolError("'init.body' must be an object with a 'messages' array")
+    check_storable(body)
     messages = [validate_ui_message(m) for m in body["messages"]]
     trigger = body.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
@@ -165,7 +285,9 @@ def _parse_chat_request(data: dict[str, Any]) -> ChatRequest:
     return ChatRequest(request_id, messages, trigger, extra, client_tools)
 
 
-def _parse_tool_result(data: dict[str, Any]) -> ToolResult:
+def _parse_tool_result(data: dict[str, Any], limits: Limits) -> ToolResult:
+    if json_size(data.get("output")) > limits.max_tool_output_bytes:
+        raise LimitExceeded(f"tool output is larger than {limits.max_tool_output_bytes} bytes")
     state = data.get("state") or "output-available"
     if state not in ("output-available", "output-error"):
         raise ProtocolError("'state' must be output-available or output-error")
@@ -185,7 +307,7 @@ def _parse_tool_result(data: dict[str, Any]) -> ToolResult:
     )
 
 
-def _parse_tool_approval(data: dict[str, Any]) -> ToolApproval:
+def _parse_tool_approval(data: dict[str, Any], limits: Limits) -> ToolApproval:
     if not isinstance(data.get("approved"), bool):
         raise ProtocolError("'approved' must be a boolean")
     return ToolApproval(
@@ -193,25 +315,25 @@ def _parse_tool_approval(data: dict[str, Any]) -> ToolApproval:
     )
 
 
-def _parse_resume_request(data: dict[str, Any]) -> ResumeRequest:
+def _parse_resume_request(data: dict[str, Any], limits: Limits) -> ResumeRequest:
     probe = data.get("probeId")
     if probe is not None and (not isinstance(probe, str) or len(probe) > MAX_ID_LENGTH):
         raise ProtocolError("'probeId' must be a short string")
     return ResumeRequest(probe)
 
 
-def _parse_client_messages(data: dict[str, Any]) -> ClientMessages:
+def _parse_client_messages(data: dict[str, Any], limits: Limits) -> ClientMessages:
     if not isinstance(data.get("messages"), list):
         raise ProtocolError("'messages' must be an array")
     return ClientMessages([validate_ui_message(m) for m in data["messages"]])
 
 
-_PARSERS: dict[str, Any] = {
+_PARSERS: dict[str, Callable[[dict[str, Any], Limits], Frame]] = {
     USE_CHAT_REQUEST: _parse_chat_request,
-    CHAT_REQUEST_CANCEL: lambda d: Cancel(_str_field(d, "id")),
-    CHAT_CLEAR: lambda d: Clear(),
+    CHAT_REQUEST_CANCEL: lambda d, _: Cancel(_str_field(d, "id")),
+    CHAT_CLEAR: lambda d, _: Clear(),
     STREAM_RESUME_REQUEST: _parse_resume_request,
-    STREAM_RESUME_ACK: lambda d: ResumeAck(_str_field(d, "id")),
+    STREAM_RESUME_ACK: lambda d, _: ResumeAck(_str_field(d, "id")),
     TOOL_RESULT: _parse_tool_result,
     TOOL_APPROVAL: _parse_tool_approval,
     CHAT_MESSAGES: _parse_client_messages,

@@ -19,6 +19,7 @@ from recovery.models import Fiber, Stream
 from recovery.stream import stream_close
 
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
+from .limits import turn_refusal
 from .models import Compaction, Conversation, Message
 from .protocol import ChatRequest
 from .session import COMPACTION_PREFIX
@@ -144,6 +145,7 @@ class AcceptedTurn:
     duplicate: bool = False
     dropped: bool = False  # the "drop" policy refused it while another turn was busy
     superseded: tuple[str, ...] = ()  # queued turns the "latest" policy cancelled for this one
+    refused: str = ""  # why it was refused (a new message over the limits, a full queue); nothing stored
 
 
 CONCURRENCY_POLICIES = ("queue", "latest", "drop")
@@ -152,8 +154,9 @@ CONCURRENCY_POLICIES = ("queue", "latest", "drop")
 def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "queue") -> AcceptedTurn:
     """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
 
-    While another turn is queued or running, `policy` decides: "queue" runs this one after it, "latest"
-    also cancels turns still waiting in the queue (their messages stay), "drop" refuses this one.
+    While another turn is queued or running, `policy` decides: "queue" runs this one after it (up to
+    THINK["MAX_QUEUED_TURNS"] waiting turns), "latest" also cancels turns still waiting in the queue
+    (their messages stay), "drop" refuses this one.
     """
     with transaction.atomic():
         conversation = _lock_conversation(conversation_id)
@@ -161,6 +164,9 @@ def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "qu
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
         busy = Fiber.objects.filter(conversation=conversation).active()
+        refused = turn_refusal(conversation_id=conversation_id, request=request, busy=busy, policy=policy)
+        if refused:
+            return AcceptedTurn(None, request.id, refused=refused)
         if policy == "drop" and busy.exists():
             return AcceptedTurn(None, request.id, dropped=True)
         superseded: tuple[str, ...] = ()

@@ -311,9 +311,11 @@ async def test_stall_after_two_chunks_keeps_the_stream_open(server: ScriptedMode
     try:
         while len(result.deltas) < 2:
             record(await asyncio.wait_for(anext(response), TIMEOUT), result)
+        # The handler is stalling now. (After the timeout below, cancelling the read may close the
+        # connection, which ends the handler: so count it before.)
+        assert server.in_flight == 1
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(anext(response), 1.0)
-        assert server.in_flight == 1
     finally:
         await asyncio.wait_for(response.aclose(), TIMEOUT)
 

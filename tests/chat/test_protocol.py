@@ -408,6 +408,136 @@ def test_client_messages_validates_each_message() -> None:
         parse_frame(frame(type=p.CHAT_MESSAGES, messages=[{"id": "m", "role": "bot", "parts": []}]))
 
 
+# -- limits and what Postgres cannot store ---------------------------------------------------------------
+SMALL = p.Limits(max_frame_bytes=200, max_message_bytes=120, max_message_parts=2, max_tool_output_bytes=50)
+
+
+def test_frame_size_is_counted_in_utf8_bytes() -> None:
+    fits = json.dumps({"type": p.STREAM_RESUME_REQUEST, "probeId": "é" * 60}, ensure_ascii=False)
+    assert len(fits.encode()) <= SMALL.max_frame_bytes
+    assert isinstance(parse_frame(fits, SMALL), ResumeRequest)
+    over = json.dumps({"type": p.STREAM_RESUME_REQUEST, "probeId": "日" * 60}, ensure_ascii=False)
+    assert len(over) < SMALL.max_frame_bytes < len(over.encode())
+    with pytest.raises(p.LimitExceeded, match="frame is larger than 200 bytes"):
+        parse_frame(over, SMALL)
+    with pytest.raises(p.LimitExceeded):
+        parse_frame(b"x" * 201, SMALL)
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_parsed() -> None:
+    with pytest.raises(p.LimitExceeded, match="frame is larger"):
+        parse_frame("[" * 300, SMALL)
+
+
+def test_tool_output_over_the_limit_is_refused() -> None:
+    assert isinstance(
+        parse_frame(frame(type=p.TOOL_RESULT, toolCallId="c", output="x" * 40), SMALL), ToolResult
+    )
+    with pytest.raises(p.LimitExceeded, match="tool output is larger than 50 bytes"):
+        parse_frame(frame(type=p.TOOL_RESULT, toolCallId="c", output={"k": "x" * 50}), SMALL)
+
+
+def test_limit_exceeded_is_a_protocol_error() -> None:
+    assert issubclass(p.LimitExceeded, ProtocolError)
+
+
+def test_message_limits() -> None:
+    p.check_message_limits({"id": "m", "role": "user", "parts": [{"type": "text"}] * 2}, SMALL)
+    with pytest.raises(p.LimitExceeded, match="message 'm' has 3 parts; at most 2 are accepted"):
+        p.check_message_limits({"id": "m", "role": "user", "parts": [{"type": "text"}] * 3}, SMALL)
+    with pytest.raises(p.LimitExceeded, match="message 'm' is larger than 120 bytes"):
+        p.check_message_limits(
+            {"id": "m", "role": "user", "parts": [{"type": "text", "text": "é" * 50}]}, SMALL
+        )
+
+
+@pytest.mark.parametrize(
+    ("output", "match"),
+    [
+        (r'"a\u0000b"', "NUL characters"),
+        (r'["\ud800"]', "lone surrogates"),
+        (r'"x\udfffy"', "lone surrogates"),
+        (r'"\udc00\ud800"', "lone surrogates"),  # a pair in the wrong order
+        (r'{"k\u0000": 1}', "NUL characters"),
+        ("NaN", "finite"),
+        ("[-Infinity]", "finite"),
+        ("1e999", "finite"),
+    ],
+)
+def test_what_postgres_cannot_store_is_refused(output: str, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        parse_frame(f'{{"type":"{p.TOOL_RESULT}","toolCallId":"c","output":{output}}}')
+
+
+def test_text_postgres_cannot_store_is_refused_inside_a_chat_request_body() -> None:
+    message = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "a\x00b"}]}
+    with pytest.raises(ProtocolError, match="NUL characters"):
+        parse_frame(chat_request({"messages": [message]}))
+    with pytest.raises(ProtocolError, match="lone surrogates"):
+        parse_frame(chat_request({"messages": [{**message, "id": "\udc00", "parts": []}]}))
+
+
+def test_valid_surrogate_pairs_and_other_unicode_are_accepted() -> None:
+    text = '{"type":"cf_agent_tool_result","toolCallId":"c","output":"\\ud83d\\ude00 \\u2028 é"}'
+    parsed = parse_frame(text)
+    assert isinstance(parsed, ToolResult) and parsed.output == "\U0001f600 \u2028 é"
+
+
+@pytest.mark.parametrize("depth", [p.MAX_JSON_DEPTH, 5_000, 200_000])
+def test_deeply_nested_json_is_a_protocol_error(depth: int) -> None:
+    nested = "[" * depth + "]" * depth
+    with pytest.raises(ProtocolError, match="nested"):
+        parse_frame(f'{{"type":"{p.TOOL_RESULT}","toolCallId":"c","output":{nested}}}')
+    with pytest.raises(ProtocolError, match="nested"):
+        parse_frame(chat_request(f'{{"messages":[],"x":{nested}}}'))
+    with pytest.raises(ProtocolError):
+        parse_frame(nested)
+
+
+def test_nesting_up_to_the_limit_is_accepted() -> None:
+    depth = p.MAX_JSON_DEPTH - 1  # the output sits one level inside the frame
+    nested = "[" * depth + "]" * depth
+    assert isinstance(
+        parse_frame(f'{{"type":"{p.TOOL_RESULT}","toolCallId":"c","output":{nested}}}'), ToolResult
+    )
+
+
+@pytest.mark.parametrize("role", [["user"], {"r": 1}, 1, None])
+def test_a_role_of_the_wrong_type_is_a_protocol_error(role: Any) -> None:
+    with pytest.raises(ProtocolError, match="'role' must be one of"):
+        parse_frame(chat_request({"messages": [{"id": "m", "role": role}]}))
+
+
+# -- refused_request_id: the id a refused chat request's error frame goes to --------------------------------
+REAL_CLIENT_ORDER = (
+    '{"id":"_7m9oTQg","init":{"method":"POST","body":"%s"},"type":"cf_agent_use_chat_request"}'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (chat_request("{oops", request_id="bad1"), "bad1"),
+        (REAL_CLIENT_ORDER % "{oops", "_7m9oTQg"),
+        (REAL_CLIENT_ORDER % ("x" * 100_000), "_7m9oTQg"),  # refused for its size: only its ends are read
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": 'q"uo\\te', "init": 1}), 'q"uo\\te'),
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": "ünï 🙂", "init": 1}, ensure_ascii=False), "ünï 🙂"),
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": "ünï 🙂", "init": 1}), "ünï 🙂"),
+        (json.dumps({"type": p.TOOL_RESULT, "id": "r"}), None),  # only chat requests have a stream to end
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": 7}), None),
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": ""}), None),
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": "r" * 256}), None),
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": "a\x00"}), None),  # cannot be sent back
+        (json.dumps({"type": p.USE_CHAT_REQUEST, "id": "a\ud800"}), None),
+        ('{"type":"cf_agent_use_chat_request","init":{"body":"{\\"id\\":\\"inner\\"}"}}', None),
+        ("not json at all", None),
+        ("", None),
+    ],
+)
+def test_refused_request_id(text: str, expected: str | None) -> None:
+    assert p.refused_request_id(text) == expected
+
+
 # -- unknown and server-to-client types ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "text",
