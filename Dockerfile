@@ -4,7 +4,8 @@ WORKDIR /app
 COPY pyproject.toml requirements.lock README.md ./
 COPY chat ./chat
 COPY recovery ./recovery
-RUN pip install -c requirements.lock .
+# The apps plus the demo site's extras (daphne, WhiteNoise, the scripted model).
+RUN pip install -c requirements.lock ".[demo]"
 COPY . .
 RUN DJANGO_SECRET_KEY=collectstatic python manage.py collectstatic --noinput
 EXPOSE 8000 8765

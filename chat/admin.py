@@ -7,7 +7,7 @@ Everything a model or a user wrote is escaped (`format_html`), never marked safe
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet
@@ -95,7 +95,13 @@ def transcript_html(messages: list[dict[str, Any]]) -> SafeString:
     return format_html_join("", "{}", ((message_html(m),) for m in messages))
 
 
-class MessageInline(admin.TabularInline[Message, Conversation]):
+if TYPE_CHECKING:
+    MessageInlineBase = admin.TabularInline[Message, Conversation]
+else:  # Django's admin classes are generic only in django-stubs (see recovery.admin.OperatorAdmin)
+    MessageInlineBase = admin.TabularInline
+
+
+class MessageInline(MessageInlineBase):
     model = Message
     fields = ["position", "role", "message_id", "created_at"]
     readonly_fields = ["position", "role", "message_id", "created_at"]

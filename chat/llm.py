@@ -12,8 +12,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
 
 @dataclass(frozen=True)
 class TextDelta:
@@ -50,6 +48,9 @@ Event = TextDelta | ReasoningDelta | ToolCallDelta | StepFinish | Usage
 
 def load_litellm() -> Any:
     """Import litellm (seconds, the first time). Never call this on an event loop that runs turns."""
+    # Without it litellm fetches its cost map over the network at import. Set here, not when this module
+    # is imported, so a host process that never calls a model keeps its environment as it was.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     litellm.suppress_debug_info = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
@@ -23,7 +23,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class OperatorAdmin(admin.ModelAdmin[M]):
+# Generic through typing.Generic, not admin.ModelAdmin[M]: Django's admin classes are generic only in
+# django-stubs, and subscripting them at run time needs django_stubs_ext.monkeypatch(), which a host
+# site need not call.
+class OperatorAdmin(admin.ModelAdmin, Generic[M]):
     """Nothing is added, edited or deleted here; staff with the change permission may run the actions."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -243,6 +243,7 @@ async def _dispatch(recovery: Recovery, incident: Incident, options: ChatRecover
         await schedule_recovery(recovery, incident, CONTINUE_CALLBACK, data)
     elif not options.continue_ and not terminal:
         await _skip(recovery, incident, "continue_disabled")
+        await _record_terminal(recovery, target.request_id, DECLINED_MESSAGE)
         await _close_orphan_stream(recovery, outcome="error", error=DECLINED_MESSAGE)
         await _terminal(
             recovery, target.request_id, DECLINED_MESSAGE, broadcast_error=not target.stream_was_open
@@ -302,6 +303,17 @@ async def schedule_recovery(
         fire_alarm.delay(alarm.pk)
 
 
+async def _record_terminal(recovery: Recovery, request_id: str, body: str) -> None:
+    """Store the terminal outcome before any client hears of it, so a client that reconnects right after
+    the error frame finds it (store, then broadcast)."""
+    await db(
+        conversation_set_terminal,
+        conversation_id=recovery.target.conversation.pk,
+        request_id=request_id,
+        body=body,
+    )
+
+
 async def _terminal(recovery: Recovery, request_id: str, body: str, *, broadcast_error: bool = True) -> None:
     """The terminal outcome: an error frame now, and a record replayed to clients that connect later."""
     conversation_id = recovery.target.conversation.pk
@@ -335,6 +347,7 @@ async def give_up(recovery: Recovery, incident: Incident) -> None:
         except Exception:
             logger.exception("chat_recovery.on_exhausted raised; the terminal message is sent anyway")
     message = recovery.config.terminal_message
+    await _record_terminal(recovery, ctx.request_id, message)
     await _close_orphan_stream(recovery, outcome="error", error=message)
     await _terminal(recovery, ctx.request_id, message, broadcast_error=not target.stream_was_open)
     await db(incident_save, conversation_id=target.conversation.pk, incident=sealed)

@@ -91,12 +91,18 @@ def stack_env(*, database_name: str, model_url: str) -> dict[str, str]:
 
 
 def start_worker(
-    env: dict[str, str], log_dir: Path, *, name: str = "worker", pool: str = "threads", concurrency: int = 8
+    env: dict[str, str],
+    log_dir: Path,
+    *,
+    name: str = "worker",
+    pool: str = "threads",
+    concurrency: int = 8,
+    app: str = "thinkproject",
 ) -> Proc:
     args = [
         str(BIN / "celery"),
         "-A",
-        "thinkproject",
+        app,
         "worker",
         "--pool",
         pool,
@@ -116,9 +122,11 @@ def start_worker(
     return proc
 
 
-def start_daphne(env: dict[str, str], log_dir: Path) -> tuple[Proc, int]:
+def start_daphne(
+    env: dict[str, str], log_dir: Path, *, application: str = "thinkproject.asgi:application"
+) -> tuple[Proc, int]:
     port = free_port()
-    args = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "thinkproject.asgi:application"]
+    args = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), application]
     proc = Proc("daphne", args, env, log_dir / f"daphne-{port}.log").start()
 
     def listening() -> bool:
@@ -177,8 +185,9 @@ class StreamLog:
 class ChatClient:
     """A bare WebSocket client speaking the cf_agent protocol, recording every frame."""
 
-    def __init__(self, port: int, name: str, agent: str = "assistant") -> None:
-        self.url = f"ws://127.0.0.1:{port}/agents/{agent}/{name}?_pk={uuid.uuid4()}"
+    def __init__(self, port: int, name: str, agent: str = "assistant", *, prefix: str = "") -> None:
+        """prefix: where the host site mounts the WebSocket routes ("/support"), none for the demo."""
+        self.url = f"ws://127.0.0.1:{port}{prefix}/agents/{agent}/{name}?_pk={uuid.uuid4()}"
         self.origin = f"http://127.0.0.1:{port}"
         self.ws: Any = None
         self.frames: list[dict[str, Any]] = []
@@ -225,9 +234,9 @@ class ChatClient:
         return log
 
 
-def start_beat(env: dict[str, str], log_dir: Path) -> Proc:
+def start_beat(env: dict[str, str], log_dir: Path, *, app: str = "thinkproject") -> Proc:
     schedule = log_dir / f"beat-{uuid.uuid4().hex[:6]}.db"
-    args = [str(BIN / "celery"), "-A", "thinkproject", "beat", "-l", "info", "--schedule", str(schedule)]
+    args = [str(BIN / "celery"), "-A", app, "beat", "-l", "info", "--schedule", str(schedule)]
     proc = Proc("beat", args, env, log_dir / f"beat-{uuid.uuid4().hex[:6]}.log").start()
     wait_until(lambda: "beat: Starting" in proc.log() or proc.popen.poll() is not None, 30, "beat to start")  # type: ignore[union-attr]
     return proc

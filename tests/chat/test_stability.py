@@ -84,7 +84,11 @@ def test_stable_once_the_result_is_applied() -> None:
     assert time.monotonic() - started >= 0.25, "it waited for the answer"
 
 
-def test_not_stable_while_an_auto_continuation_is_armed() -> None:
+def test_not_stable_while_an_auto_continuation_is_armed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import chat.services
+
+    # No worker may run the continuation (a session stack could): it must stay queued.
+    monkeypatch.setattr(chat.services, "turn_enqueue", lambda **kwargs: None)
     agent = make([tool("get_location", "input-available")], client_tools=CLIENT_TOOLS)
     update = {
         "kind": "result",

@@ -95,7 +95,7 @@
   };
 
   const els = {};
-  let config = { agents: [], defaultAgent: "assistant" };
+  let config = { agents: [], defaultAgent: "assistant", mount: "/" };
   let renderCache = new Map(); // message id -> {sig, node}
 
   // ---------------------------------------------------------------- transcript helpers
@@ -515,8 +515,10 @@
 
   // ---------------------------------------------------------------- socket
 
+  // Everything hangs off the path chat.urls is mounted at (the host site may include it under any
+  // prefix, and mount the WebSocket routes under the same one), never the site's root.
   function basePath() {
-    return `/agents/${encodeURIComponent(state.agent)}/${encodeURIComponent(state.name)}`;
+    return `${config.mount}agents/${encodeURIComponent(state.agent)}/${encodeURIComponent(state.name)}`;
   }
 
   function socketUrl() {
@@ -1029,7 +1031,14 @@
     const list = Array.isArray(agents) ? agents.filter((a) => typeof a === "string") : [];
     const fallback = list[0] || "assistant";
     const defaultAgent = readJson("think-default-agent", fallback);
-    return { agents: list.length ? list : [defaultAgent], defaultAgent };
+    return { agents: list.length ? list : [defaultAgent], defaultAgent, mount: readMount() };
+  }
+
+  function readMount() {
+    // The server renders the URL of this page's view (the mount point); without it, this page's directory.
+    const mount = readJson("think-mount", "");
+    const path = typeof mount === "string" && mount.startsWith("/") ? mount : location.pathname.replace(/[^/]*$/, "");
+    return path.endsWith("/") ? path : `${path}/`;
   }
 
   function bindElements() {
