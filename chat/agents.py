@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from .programmatic import ChatResult, TurnResult
     from .submissions import SubmitResult
 
+# What a request does while another turn is busy (see chat.services.turn_accept).
+MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
+
 ChunkCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
 
 
@@ -108,7 +111,7 @@ class Think:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"{cls.__name__}.max_steps must be an int >= 1, got {steps!r}")
         resolve_context_overflow(cls.context_overflow, cls.__name__)
-        if cls.message_concurrency not in ("queue", "latest", "drop"):
+        if cls.message_concurrency not in MESSAGE_CONCURRENCY_POLICIES:
             raise ValueError(
                 f"{cls.__name__}.message_concurrency must be 'queue', 'latest' or 'drop',"
                 f" got {cls.message_concurrency!r}"

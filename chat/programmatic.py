@@ -19,7 +19,7 @@ from django.db.models import Q
 
 from recovery.models import Alarm, Fiber, Incident
 
-from .models import Conversation, Message
+from .models import Conversation
 from .protocol import ProtocolError, validate_ui_message
 
 FIBER_OUTCOMES: dict[str, str] = {
@@ -170,11 +170,6 @@ def turn_wait(*, conversation_id: int, request_id: str, timeout: float | None = 
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"turn {request_id} still running after {timeout}s")
         time.sleep(POLL_S)
-
-
-def leaf_role(conversation_id: int) -> str | None:
-    leaf = Message.objects.filter(conversation_id=conversation_id).order_by("-position").first()
-    return None if leaf is None else leaf.role
 
 
 @dataclass(frozen=True)

@@ -148,9 +148,6 @@ class AcceptedTurn:
     refused: str = ""  # why it was refused (a new message over the limits, a full queue); nothing stored
 
 
-CONCURRENCY_POLICIES = ("queue", "latest", "drop")
-
-
 def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "queue") -> AcceptedTurn:
     """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
 

@@ -112,10 +112,6 @@ class Toolset:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]
 
-    @property
-    def client_names(self) -> set[str]:
-        return {name for name, t in self.tools.items() if t.is_client}
-
     def __bool__(self) -> bool:
         return bool(self.tools)
 

@@ -18,6 +18,7 @@ from chat.agents import Think, agent_for
 from chat.models import Conversation
 from chat.protocol import recovering_frame
 from chat.services import turn_start_recovered
+from chat.submissions import DRAIN_CALLBACK
 
 from . import diagnostics
 from .alarms import alarm_done, alarm_retry_later, alarm_schedule
@@ -247,7 +248,7 @@ async def _drain(conversation: Conversation, data: dict[str, Any]) -> None:
     await db(submissions_drain, conversation_id=conversation.pk)
 
 
-CALLBACKS = {CONTINUE_CALLBACK: _continue, RETRY_CALLBACK: _retry, "think_drain_submissions": _drain}
+CALLBACKS = {CONTINUE_CALLBACK: _continue, RETRY_CALLBACK: _retry, DRAIN_CALLBACK: _drain}
 
 
 async def settle_recovered_turn(*, conversation: Conversation, incident_id: str, outcome: str) -> None:

@@ -75,6 +75,7 @@ from recovery.recovery_state import (
 )
 from recovery.runtime import db
 from recovery.stream import segment_append, stream_chunks, stream_open
+from tests.operator_support import terminate_new_backends
 
 T0 = 1_700_000_000_000  # an injected clock, far from the real one
 T = TypeVar("T")
@@ -1172,24 +1173,7 @@ def close_db_thread_connections(django_db_setup: Any, django_db_blocker: Any) ->
     """The engine's DB threads (the test loop's executor) leave connections open when their loop closes;
     end the ones opened during this module, so the per-run test database can be dropped."""
 
-    def backends() -> set[int]:
-        with django_db_blocker.unblock(), connection.cursor() as cursor:
-            cursor.execute("SELECT current_database()")
-            assert cursor.fetchone()[0].startswith("test_"), "only ever on a test database"
-            cursor.execute(
-                "SELECT pid FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return {pid for (pid,) in cursor.fetchall()}
-
-    before = backends()
-    yield
-    leftover = backends() - before
-    if leftover:
-        with django_db_blocker.unblock(), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [sorted(leftover)]
-            )
+    yield from terminate_new_backends(django_db_blocker)
 
 
 @dataclass
