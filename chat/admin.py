@@ -127,13 +127,22 @@ class MessageInline(MessageInlineBase):
 
 @admin.register(Conversation)
 class ConversationAdmin(OperatorAdmin[Conversation]):
-    list_display = ["__str__", "agent", "name", "is_recovering", "open_incidents", "progress", "updated_at"]
+    list_display = [
+        "__str__",
+        "agent",
+        "name",
+        "owner",
+        "is_recovering",
+        "open_incidents",
+        "progress",
+        "updated_at",
+    ]
     list_filter = ["agent"]
-    search_fields = ["agent", "name"]
+    search_fields = ["agent", "name", "owner"]
     date_hierarchy = "created_at"
     ordering = ["-updated_at"]
     fieldsets = [
-        (None, {"fields": ["agent", "name", "created_at", "updated_at", "progress"]}),
+        (None, {"fields": ["agent", "name", "owner", "created_at", "updated_at", "progress"]}),
         ("Recovery", {"fields": ["recovering", "last_terminal", "continue_armed", "tool_updates"]}),
         ("Transcript", {"fields": ["transcript"]}),
         ("Request context", {"fields": ["last_body", "last_client_tools"], "classes": ["collapse"]}),

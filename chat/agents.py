@@ -411,13 +411,24 @@ def agent_for(agent: str, name: str, conversation_id: int | None = None) -> Thin
     return agent_class(agent)(agent=agent, name=name, conversation_id=conversation_id)
 
 
-def open_agent(agent: str, name: str) -> Think:
+def open_agent(agent: str, name: str, *, owner: str | None = None) -> Think:
     """The agent of a conversation, created if new: the start of programmatic use.
 
-    `open_agent("assistant", "support-42").save_messages(["Hello"])`
+    `open_agent("assistant", "support-42", owner=user_principal(request.user)).save_messages(["Hello"])`
+
+    `owner` is the principal (chat.access) whose clients may open the conversation: a new or unowned
+    conversation becomes theirs; one that belongs to someone else raises AccessDenied. Without it the
+    conversation keeps its owner, and one created here has none (server code only).
     """
-    from .services import conversation_get_or_create
+    from .access import AccessDenied
+    from .services import conversation_claim, conversation_get_or_create
 
     agent_class(agent)  # UnknownAgent before anything is written
-    conversation = conversation_get_or_create(agent=agent, name=name)
+    conversation = conversation_get_or_create(agent=agent, name=name, owner=owner or "")
+    if (
+        owner
+        and conversation.owner != owner
+        and not conversation_claim(conversation_id=conversation.pk, owner=owner)
+    ):
+        raise AccessDenied(f"conversation {agent}/{name} belongs to someone else")
     return agent_for(agent, name, conversation.pk)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import Warning as CheckWarning
 from django.utils.module_loading import import_string
 
 from .conf import think_setting
 
-POSITIVE_NUMBERS = ("FLUSH_EVERY_CHUNKS", "FLUSH_INTERVAL_MS", "LEASE_TTL_S", "HEARTBEAT_INTERVAL_S")
+POSITIVE_NUMBERS = (
+    "FLUSH_EVERY_CHUNKS",
+    "FLUSH_INTERVAL_MS",
+    "LEASE_TTL_S",
+    "HEARTBEAT_INTERVAL_S",
+    "TOKEN_MAX_AGE_S",
+)
 POSITIVE_INTEGERS = (
     "MAX_NAME_LENGTH",
     "MAX_FRAME_BYTES",
@@ -23,7 +30,48 @@ POSITIVE_INTEGERS = (
 
 @register()
 def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    return [*_check_agents(), *_check_numbers(), *_check_limits()]
+    return [*_check_agents(), *_check_numbers(), *_check_limits(), *_check_access()]
+
+
+@register(Tags.security, deploy=True)
+def check_think_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if think_setting("METRICS_TOKEN"):
+        return []
+    return [
+        CheckWarning(
+            "GET /metrics is open to anyone who can reach it (THINK['METRICS_TOKEN'] is not set).",
+            hint="Set THINK['METRICS_TOKEN'] (the scraper sends it as a bearer token), or keep the "
+            "metrics URL off the public network.",
+            id="think_chat.W001",
+        )
+    ]
+
+
+def _check_access() -> list[CheckMessage]:
+    from .access import AccessPolicy
+
+    errors: list[CheckMessage] = []
+    path = think_setting("ACCESS_POLICY")
+    try:
+        cls = import_string(path) if isinstance(path, str) else None
+    except ImportError as exc:
+        errors.append(Error(f"THINK['ACCESS_POLICY']: cannot import {path!r}: {exc}", id="think_chat.E008"))
+    else:
+        if not (isinstance(cls, type) and issubclass(cls, AccessPolicy)):
+            errors.append(
+                Error(
+                    f"THINK['ACCESS_POLICY'] must name an AccessPolicy subclass, got {path!r}.",
+                    hint="chat.access.UserAccess (logins and tokens), chat.access.SessionAccess (anonymous "
+                    "visitors too) or your own subclass of chat.access.AccessPolicy.",
+                    id="think_chat.E008",
+                )
+            )
+    token = think_setting("METRICS_TOKEN")
+    if token is not None and not (isinstance(token, str) and token):
+        errors.append(
+            Error("THINK['METRICS_TOKEN'] must be None or a non-empty string.", id="think_chat.E009")
+        )
+    return errors
 
 
 def _check_agents() -> list[CheckMessage]:

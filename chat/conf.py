@@ -23,6 +23,12 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 1.0,
     # Prefix of channel-layer group names, one group per conversation.
     "GROUP_PREFIX": "think",
+    # Who may use which conversation (chat.access): a dotted path to an AccessPolicy subclass.
+    "ACCESS_POLICY": "chat.access.UserAccess",
+    # How long a token from chat.access.issue_token (or `manage.py think_token`) is accepted.
+    "TOKEN_MAX_AGE_S": 3600,
+    # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is open (firewall it).
+    "METRICS_TOKEN": None,
     # Longest conversation name the consumer accepts.
     "MAX_NAME_LENGTH": 200,
     # Limits on client input (chat.limits); anything beyond one is refused and nothing is stored.

@@ -18,6 +18,7 @@ from recovery.fibers import fiber_request_cancel
 from recovery.stream import stream_chunks
 
 from . import protocol as p
+from .access import AccessDenied, Credentials, conversation_open
 from .agents import UnknownAgent, agent_class
 from .broadcast import group_name, release_parked
 from .conf import think_setting
@@ -26,12 +27,13 @@ from .limits import frame_bucket, frame_limits
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer
 from .selectors import stream_for_request
-from .services import conversation_clear, conversation_get_or_create, turn_accept
+from .services import conversation_clear, turn_accept
 
 logger = logging.getLogger(__name__)
 
 CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_BAD_NAME = 4400
+CLOSE_FORBIDDEN = 4403
 SENT_SEQ_MEMORY = 32
 
 
@@ -56,9 +58,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if not 0 < len(self.instance_name) <= think_setting("MAX_NAME_LENGTH"):
             await self.close(code=CLOSE_BAD_NAME, reason="bad conversation name")
             return
-        conversation = await database_sync_to_async(conversation_get_or_create)(
-            agent=self.agent_name, name=self.instance_name
-        )
+        try:  # the only door: every frame after this acts on the conversation checked here
+            conversation = await database_sync_to_async(conversation_open)(
+                agent=self.agent_name, name=self.instance_name, credentials=Credentials.from_scope(self.scope)
+            )
+        except AccessDenied as exc:
+            logger.info("connection refused: %s", exc, extra=self._log_extra())
+            await self.close(code=CLOSE_FORBIDDEN, reason=str(exc))
+            return
         self.conversation_id = conversation.pk
         self.group = group_name(conversation.pk)
         # Join before reading state, so nothing published after the read can be missed.
@@ -88,8 +95,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     # -- client frames -----------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if text_data is None:
-            return  # binary frames are not part of the protocol
+        if text_data is None or not hasattr(self, "conversation_id"):
+            return  # binary frames are not part of the protocol; a refused connection is closing
         if not self.bucket.take():
             if not self.throttled:  # once per flood, not once per frame
                 logger.warning("frames over the rate limit refused", extra=self._log_extra())

@@ -29,12 +29,21 @@ logger = logging.getLogger(__name__)
 SNAPSHOT_KIND = "think-chat-turn"
 
 
-def conversation_get_or_create(*, agent: str, name: str) -> Conversation:
+def conversation_get_or_create(*, agent: str, name: str, owner: str = "") -> Conversation:
+    """The conversation (agent, name); a new one belongs to `owner` (an existing one keeps its owner)."""
     try:
-        conversation, _ = Conversation.objects.get_or_create(agent=agent, name=name)
+        conversation, _ = Conversation.objects.get_or_create(
+            agent=agent, name=name, defaults={"owner": owner}
+        )
     except IntegrityError:  # two connections created it at once
         conversation = Conversation.objects.get(agent=agent, name=name)
     return conversation
+
+
+def conversation_claim(*, conversation_id: int, owner: str) -> bool:
+    """Give an unowned conversation to `owner`; True when it is (now or already) theirs."""
+    Conversation.objects.filter(pk=conversation_id, owner="").update(owner=owner)
+    return Conversation.objects.filter(pk=conversation_id, owner=owner).exists()
 
 
 def _lock_conversation(conversation_id: int) -> Conversation:

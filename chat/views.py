@@ -2,28 +2,49 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from .access import AccessDenied, Credentials, access_policy, conversation_read
 from .agents import UnknownAgent, agent_class, agent_names, kebab
-from .selectors import conversation_get, messages_list
+from .selectors import messages_list
 
 
 @require_GET
 def get_messages(request: HttpRequest, agent: str, name: str) -> HttpResponse:
-    """The transcript as a bare JSON array of UIMessages (empty for a conversation never used)."""
+    """The transcript as a bare JSON array of UIMessages (empty for a conversation never used).
+
+    Only for whoever may open the conversation (chat.access); anyone else gets 403 and no content.
+    """
     try:
         agent_class(agent)
     except UnknownAgent:
         return JsonResponse({"error": f"unknown agent {agent!r}"}, status=404)
-    conversation = conversation_get(agent=agent, name=name)
+    credentials = Credentials.from_request(request)
+    try:
+        conversation = conversation_read(agent=agent, name=name, credentials=credentials)
+    except AccessDenied as exc:
+        return JsonResponse({"error": str(exc)}, status=403)
     messages = messages_list(conversation_id=conversation.pk) if conversation is not None else []
     return JsonResponse(messages, safe=False)
 
 
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
+    """The chat page. Its socket carries the session cookie, so the visitor needs a session: a
+    logged-in user, or (SessionAccess) an anonymous session made here; otherwise the login page."""
+    policy = access_policy()
+    credentials = Credentials.from_request(request)
+    if policy.anonymous_sessions and credentials.session_key is None and hasattr(request, "session"):
+        request.session["think_visitor"] = True  # an empty session would get no cookie
+        request.session.save()
+        credentials = Credentials.from_request(request)
+    try:
+        policy.principal(credentials)
+    except AccessDenied:
+        return redirect_to_login(request.get_full_path())
     agents = [kebab(name) for name in agent_names()]
     return render(
         request, "chat/index.html", {"agents": agents, "default_agent": agents[0] if agents else ""}

@@ -182,19 +182,59 @@ class StreamLog:
         return [s for s, _ in self.chunks]
 
 
-class ChatClient:
-    """A bare WebSocket client speaking the cf_agent protocol, recording every frame."""
+#: Whom the test clients are, unless a test says otherwise (chat.access principals).
+TEST_PRINCIPAL = "test:client"
 
-    def __init__(self, port: int, name: str, agent: str = "assistant", *, prefix: str = "") -> None:
+
+def access_token(principal: str = TEST_PRINCIPAL) -> str:
+    """A token the test stack accepts for `principal` (signed with the tests' SECRET_KEY)."""
+    from chat.access import issue_token
+
+    return issue_token(principal)
+
+
+def auth_headers(principal: str = TEST_PRINCIPAL) -> dict[str, str]:
+    """HTTP headers for get-messages as `principal`."""
+    return {"Authorization": f"Bearer {access_token(principal)}"}
+
+
+class ChatClient:
+    """A bare WebSocket client speaking the cf_agent protocol, recording every frame.
+
+    It connects as TEST_PRINCIPAL (a token in the query string) unless given another `principal`,
+    or `principal=None` and a session `cookie` ("sessionid=...") or nothing at all.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        name: str,
+        agent: str = "assistant",
+        *,
+        prefix: str = "",
+        principal: str | None = TEST_PRINCIPAL,
+        cookie: str | None = None,
+    ) -> None:
         """prefix: where the host site mounts the WebSocket routes ("/support"), none for the demo."""
-        self.url = f"ws://127.0.0.1:{port}{prefix}/agents/{agent}/{name}?_pk={uuid.uuid4()}"
+        token = f"&token={access_token(principal)}" if principal is not None else ""
+        self.url = f"ws://127.0.0.1:{port}{prefix}/agents/{agent}/{name}?_pk={uuid.uuid4()}{token}"
         self.origin = f"http://127.0.0.1:{port}"
+        self.headers = {"Cookie": cookie} if cookie else {}
         self.ws: Any = None
         self.frames: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> ChatClient:
-        self.ws = await websockets.connect(self.url, origin=self.origin, max_size=None)
+        self.ws = await websockets.connect(
+            self.url, origin=self.origin, max_size=None, additional_headers=self.headers
+        )
         return self
+
+    async def close_code(self, timeout: float = 10) -> int | None:
+        """Read until the server closes the socket; its close code (the frames before are kept)."""
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                await self.recv(timeout)
+        return self.ws.close_code  # type: ignore[no-any-return]
 
     async def __aexit__(self, *exc: object) -> None:
         await self.ws.close()

@@ -59,6 +59,7 @@ def page_mount(html: str) -> str:
     return json.loads(match.group(1))  # type: ignore[no-any-return]
 
 
+@pytest.mark.django_db  # the page gives an anonymous visitor a session (SessionAccess)
 @pytest.mark.urls(__name__)
 def test_the_page_derives_its_urls_from_its_mount(client: Client) -> None:
     response = client.get("/support/")
@@ -72,5 +73,6 @@ def test_the_page_derives_its_urls_from_its_mount(client: Client) -> None:
     )
 
 
+@pytest.mark.django_db
 def test_the_demo_page_is_mounted_at_the_root(client: Client) -> None:
     assert page_mount(client.get("/").content.decode()) == "/"

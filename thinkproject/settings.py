@@ -155,7 +155,12 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {**beat_schedule()}
 
 THINK: dict[str, Any] = {
     "AGENTS": {"assistant": "chat.agents.Assistant"},
+    # The demo page works without an account: anonymous visitors own what they open through their
+    # session. THINK_ACCESS_POLICY=chat.access.UserAccess requires a login (the apps' default).
+    "ACCESS_POLICY": os.environ.get("THINK_ACCESS_POLICY", "chat.access.SessionAccess"),
 }
+if os.environ.get("THINK_METRICS_TOKEN"):
+    THINK["METRICS_TOKEN"] = os.environ["THINK_METRICS_TOKEN"]
 if os.environ.get("THINK_MODEL"):
     THINK["MODEL"] = os.environ["THINK_MODEL"]
 if os.environ.get("THINK_STREAM_PERSIST") == "0":  # benchmarks only: measures what durability costs

@@ -21,6 +21,7 @@ from channels.testing import WebsocketCommunicator
 from chat.models import Conversation, Message
 from chat.routing import websocket_urlpatterns
 from recovery.models import Fiber
+from tests.support import TEST_PRINCIPAL, access_token
 
 APPLICATION = URLRouter(websocket_urlpatterns)  # type: ignore[arg-type]
 TIMEOUT_S = 10
@@ -35,7 +36,7 @@ def new_name(prefix: str = "inproc") -> str:
 @asynccontextmanager
 async def connected(name: str, agent: str = "assistant") -> AsyncIterator[WebsocketCommunicator]:
     """An open socket on the conversation, past its connect frames (up to cf_agent_identity)."""
-    communicator = WebsocketCommunicator(APPLICATION, f"/agents/{agent}/{name}")
+    communicator = WebsocketCommunicator(APPLICATION, f"/agents/{agent}/{name}?token={access_token()}")
     accepted, _ = await communicator.connect(timeout=TIMEOUT_S)
     assert accepted
     await receive_until(communicator, lambda frame: frame["type"] == "cf_agent_identity")
@@ -84,7 +85,7 @@ async def chat_response(communicator: WebsocketCommunicator, request_id: str) ->
 
 @database_sync_to_async
 def seed_conversation(name: str, messages: list[Frame], agent: str = "assistant") -> int:
-    conversation = Conversation.objects.create(agent=agent, name=name)
+    conversation = Conversation.objects.create(agent=agent, name=name, owner=TEST_PRINCIPAL)
     for position, message in enumerate(messages):
         Message.objects.create(
             conversation=conversation,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, access_token, auth_headers
 
 JS_DIR = ROOT / "tests" / "js"
 SCRIPT = JS_DIR / "scenarios.mjs"
@@ -58,6 +58,7 @@ def new_name(tag: str) -> str:
 
 
 def _args(node: str, port: int, agent: str, name: str, scenario: str, options: dict[str, Any]) -> list[str]:
+    options.setdefault("token", access_token())
     return [node, str(SCRIPT), f"127.0.0.1:{port}", agent, name, scenario, json.dumps(options)]
 
 
@@ -140,7 +141,7 @@ class RunningScenario:
 
 def get_messages(port: int, agent: str, name: str) -> list[dict[str, Any]]:
     url = f"http://127.0.0.1:{port}/agents/{agent}/{name}/get-messages"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=10) as response:
         messages: list[dict[str, Any]] = json.loads(response.read())
     return messages
 

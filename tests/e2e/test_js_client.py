@@ -27,7 +27,7 @@ from tests.e2e.js_client import (
     run_scenario,
     tab,
 )
-from tests.support import numbers
+from tests.support import TEST_PRINCIPAL, numbers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -325,7 +325,7 @@ def test_a_probe_racing_the_stream_open_is_not_answered_idle(monkeypatch: pytest
     from chat.models import Conversation
     from recovery.models import Stream
 
-    conversation = Conversation.objects.create(agent="assistant", name=new_name("race"))
+    conversation = Conversation.objects.create(agent="assistant", name=new_name("race"), owner=TEST_PRINCIPAL)
     fiber = Fiber.objects.create(
         conversation=conversation, request_id="cont-1", status=Fiber.Status.RUNNING, fencing=1
     )

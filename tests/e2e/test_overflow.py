@@ -16,7 +16,7 @@ from chat.agents import open_agent
 from chat.models import Compaction, Message
 from recovery import diagnostics
 from tests.agents import probe_key, probe_redis
-from tests.support import ChatClient, chat_request, numbers, user_message
+from tests.support import TEST_PRINCIPAL, ChatClient, chat_request, numbers, user_message
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -26,7 +26,7 @@ FILLER = "The customer asked about the order and the assistant explained the del
 
 def seed(agent: str, name: str, count: int = HISTORY_MESSAGES) -> None:
     """A stored history of about 55 model tokens per message."""
-    conversation = open_agent(agent, name)
+    conversation = open_agent(agent, name, owner=TEST_PRINCIPAL)
     for i in range(count):
         Message.objects.create(
             conversation_id=conversation.conversation_id,
@@ -216,7 +216,7 @@ def test_recovers_a_context_overflow_on_the_durable_programmatic_paths(
 
     name = f"o-{uuid.uuid4().hex[:8]}"
     seed("reactive-agent", name)
-    agent = open_agent("reactive-agent", name)
+    agent = open_agent("reactive-agent", name, owner=TEST_PRINCIPAL)
     prompt = f"count to 4 [window 200] {name}"
     if path == "save_messages":
         assert agent.save_messages([prompt], timeout=30).status == "completed"

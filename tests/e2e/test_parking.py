@@ -10,14 +10,14 @@ from asgiref.sync import sync_to_async
 
 from chat.services import conversation_get_or_create
 from recovery.models import Fiber
-from tests.support import ChatClient
+from tests.support import TEST_PRINCIPAL, ChatClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def accepted_turn(name: str) -> None:
     """A turn accepted but not started (no worker is told about it): the pre-stream window, held open."""
-    conversation = conversation_get_or_create(agent="assistant", name=name)
+    conversation = conversation_get_or_create(agent="assistant", name=name, owner=TEST_PRINCIPAL)
     Fiber.objects.create(conversation=conversation, request_id="waiting-1")
 
 

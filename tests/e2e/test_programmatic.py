@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from chat.agents import Think, open_agent
 from chat.programmatic import ConversationBusy
 from recovery.models import Fiber, Segment, Stream
-from tests.support import ChatClient, assistant_text, chat_request, numbers, user_message
+from tests.support import TEST_PRINCIPAL, ChatClient, assistant_text, chat_request, numbers, user_message
 
 pytestmark = [
     pytest.mark.e2e,
@@ -21,7 +21,7 @@ pytestmark = [
 
 
 def new_agent(agent: str = "assistant") -> Think:
-    return open_agent(agent, f"p-{uuid.uuid4().hex[:10]}")
+    return open_agent(agent, f"p-{uuid.uuid4().hex[:10]}", owner=TEST_PRINCIPAL)
 
 
 def texts(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:

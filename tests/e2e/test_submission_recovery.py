@@ -10,7 +10,7 @@ import pytest
 
 from chat.agents import open_agent
 from recovery.models import Fiber
-from tests.support import assistant_text, numbers, wait_until
+from tests.support import TEST_PRINCIPAL, assistant_text, numbers, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +30,7 @@ def test_an_in_flight_submission_is_continued_to_completion(
 
     monkeypatch.setattr(tasks.fire_alarm, "delay", lambda *args, **kwargs: None)
     worker = recovery_stack.start_worker()
-    agent = open_agent("assistant", f"sr-{uuid.uuid4().hex[:8]}")
+    agent = open_agent("assistant", f"sr-{uuid.uuid4().hex[:8]}", owner=TEST_PRINCIPAL)
     result = agent.submit_messages(["count to 200 [rate 25]"])
 
     def streaming() -> bool:

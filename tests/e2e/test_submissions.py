@@ -21,13 +21,13 @@ from chat.submissions import (
     submissions_sweep,
 )
 from recovery.models import Fiber
-from tests.support import ChatClient, chat_request, numbers, user_message, wait_until
+from tests.support import TEST_PRINCIPAL, ChatClient, chat_request, numbers, user_message, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def new_agent() -> Think:
-    return open_agent("assistant", f"s-{uuid.uuid4().hex[:10]}")
+    return open_agent("assistant", f"s-{uuid.uuid4().hex[:10]}", owner=TEST_PRINCIPAL)
 
 
 def status_of(agent: Think, submission_id: str) -> str:

@@ -14,6 +14,7 @@ from chat.models import Conversation
 from recovery.models import Fiber
 from tests.agents import tool_runs
 from tests.support import (
+    TEST_PRINCIPAL,
     ChatClient,
     ConversationLog,
     StreamLog,
@@ -242,7 +243,7 @@ def store_orphans(name: str) -> None:
     from chat.models import Message
     from chat.services import conversation_get_or_create
 
-    conversation = conversation_get_or_create(agent=AGENT, name=name)
+    conversation = conversation_get_or_create(agent=AGENT, name=name, owner=TEST_PRINCIPAL)
     parts = [
         {"type": "step-start"},
         {"type": "tool-add", "toolCallId": "call-orphan", "state": "input-streaming", "input": '{"a": 1'},

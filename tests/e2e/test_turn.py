@@ -13,15 +13,23 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 from recovery.models import Fiber, Segment, Stream
-from tests.support import ChatClient, StreamLog, assistant_text, chat_request, numbers, user_message
+from tests.support import (
+    ChatClient,
+    StreamLog,
+    access_token,
+    assistant_text,
+    auth_headers,
+    chat_request,
+    numbers,
+    user_message,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def get_messages(port: int, name: str, agent: str = "assistant") -> list[dict[str, Any]]:
-    with urllib.request.urlopen(
-        f"http://127.0.0.1:{port}/agents/{agent}/{name}/get-messages", timeout=10
-    ) as r:
+    url = f"http://127.0.0.1:{port}/agents/{agent}/{name}/get-messages"
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=10) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
@@ -264,8 +272,8 @@ async def test_clients_without_an_origin_are_accepted_and_foreign_origins_refuse
     another site does, and is refused, so it cannot ride a visitor's cookies (CSWSH)."""
     import websockets
 
-    url = f"ws://127.0.0.1:{stack.port}/agents/assistant/{new_name()}"
-    async with websockets.connect(url) as ws:  # no Origin header at all
+    url = f"ws://127.0.0.1:{stack.port}/agents/assistant/{new_name()}?token={access_token()}"
+    async with websockets.connect(url) as ws:  # no Origin header at all (and a token: no cookie either)
         frames = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(2)]
     assert frames[-1]["type"] == "cf_agent_identity"
     with pytest.raises(websockets.InvalidStatus) as refused:

@@ -76,7 +76,9 @@ class Tab {
     this.received = [];
     this.sent = [];
     this.waiters = new Set();
-    this.client = new AgentClient({ agent, name, host, WebSocket: WS });
+    // The server wants credentials (chat.access); a Node client has no session cookie, so a token.
+    const query = options.token ? { token: options.token } : undefined;
+    this.client = new AgentClient({ agent, name, host, WebSocket: WS, query });
     this.transport = new WebSocketChatTransport({ agent: this.client });
     const send = this.client.send.bind(this.client);
     this.client.send = (data) => {

@@ -581,6 +581,12 @@
     if (frame) handleFrame(frame);
   }
 
+  const CLOSE_REASONS = {
+    4400: "bad conversation name",
+    4403: "access denied (this conversation belongs to someone else, or you are not signed in)",
+    4404: "unknown agent",
+  };
+
   function isTerminalClose(code) {
     return code === 1008 || (code >= 4000 && code <= 4999);
   }
@@ -592,7 +598,9 @@
     setPending(false);
     if (isTerminalClose(event.code)) {
       state.fatal = { code: event.code, reason: event.reason };
-      showError(`Connection refused (${event.code}): ${event.reason || "closed by the server"}`);
+      // daphne sends no close reason, so the page knows the server's codes itself.
+      const reason = event.reason || CLOSE_REASONS[event.code] || "closed by the server";
+      showError(`Connection refused (${event.code}): ${reason}`);
     } else {
       scheduleReconnect();
     }

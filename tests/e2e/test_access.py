@@ -1,0 +1,108 @@
+"""Access control through daphne: Django session cookies on the socket and on get-messages, tokens,
+and the page in two browsers that are not each other.
+
+The test settings use the demo's SessionAccess: logged-in users are "user:<pk>", anonymous visitors
+own what they open through their session, tokens stand for whoever they were issued to.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from chat.models import Conversation
+from tests.e2e.test_page import allow_sync_db_beside_playwright, browser, open_page  # noqa: F401
+from tests.support import ChatClient, assistant_text, chat_request, numbers, user_message
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+def login(username: str) -> str:
+    """A Django login as the site's own login view makes it; the sessionid cookie's value."""
+    user = get_user_model().objects.create_user(username)
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def get_messages(port: int, name: str, cookie: str | None) -> tuple[int, Any]:
+    url = f"http://127.0.0.1:{port}/agents/assistant/{name}/get-messages"
+    request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+async def test_a_logged_in_user_chats_over_the_session_cookie(stack: Any) -> None:
+    tag = uuid.uuid4().hex[:6]
+    alice = "sessionid=" + await sync_to_async(login)(f"alice-{tag}")
+    bob = "sessionid=" + await sync_to_async(login)(f"bob-{tag}")
+    name = f"acc-{tag}"
+    async with ChatClient(stack.port, name, principal=None, cookie=alice) as client:
+        await client.recv_type("cf_agent_identity")
+        await client.send(chat_request("r1", [user_message("count to 7")]))
+        log = await client.follow("r1", timeout=30)
+    assert log.text == numbers(7) and log.done is not None and log.done["outcome"] == "completed"
+    conversation = await Conversation.objects.aget(agent="assistant", name=name)
+    alice_user = await get_user_model().objects.aget(username=f"alice-{tag}")
+    assert conversation.owner == f"user:{alice_user.pk}"
+
+    status, body = await sync_to_async(get_messages)(stack.port, name, alice)
+    assert status == 200 and assistant_text(json.loads(body)) == numbers(7)
+
+    for intruder in (
+        ChatClient(stack.port, name, principal=None, cookie=bob),  # another user
+        ChatClient(stack.port, name, principal=None),  # no credentials at all
+        ChatClient(stack.port, name, principal="test:someone-else"),  # a valid token, not the owner's
+    ):
+        async with intruder:
+            assert await intruder.close_code() == 4403
+            assert intruder.frames == []
+    for cookie in (bob, None):
+        status, body = await sync_to_async(get_messages)(stack.port, name, cookie)
+        assert status == 403 and b"parts" not in body
+    # The owner's conversation is as it was: one user message, one answer.
+    status, body = await sync_to_async(get_messages)(stack.port, name, alice)
+    assert [m["role"] for m in json.loads(body)] == ["user", "assistant"]
+
+
+def test_a_second_browser_cannot_open_the_first_ones_conversation(stack: Any, browser: Any) -> None:  # noqa: F811
+    """Two anonymous visitors (two browser contexts, two sessions): the conversation is the first's."""
+    name = f"page-acc-{uuid.uuid4().hex[:8]}"
+    page = open_page(browser, stack.port, name)
+    page.fill("#message-input", "count to 9")
+    page.click("#send-button")
+    page.wait_for_function(
+        "window.thinkChat.messages().some(m => m.role === 'assistant')"
+        " && window.thinkChat.status() === 'idle'",
+        timeout=20_000,
+    )
+    assert assistant_text(page.evaluate("window.thinkChat.messages()")) == numbers(9)
+
+    stranger = browser.new_page()  # a new context: no cookies of the first
+    stranger.goto(f"http://127.0.0.1:{stack.port}/#{name}")
+    stranger.wait_for_function(
+        "document.getElementById('error-text').textContent.includes('4403')", timeout=15_000
+    )
+    assert "access denied" in stranger.inner_text("#error-text")
+    assert stranger.evaluate("window.thinkChat.messages()") == []
+    assert "1 2 3" not in stranger.inner_text("#messages")
+
+    # The owner, reloading, still has everything.
+    page.reload()
+    page.wait_for_function(
+        "window.thinkChat && window.thinkChat.messages().some(m => m.role === 'assistant')", timeout=15_000
+    )
+    assert assistant_text(page.evaluate("window.thinkChat.messages()")) == numbers(9)
+    stranger.close()
+    page.close()
