@@ -16,6 +16,7 @@ from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
 from recovery.incidents import ChatRecovery
 
 from .conf import default_model, think_setting
+from .errors import default_chat_error_classifier
 from .loop import StepResult
 from .overflow import (
     ChatErrorContext,
@@ -52,6 +53,7 @@ __all__ = [
     "ContextOverflow",
     "Proactive",
     "create_compact_function",
+    "default_chat_error_classifier",
     "default_context_overflow_classifier",
     "Assistant",
     "ChatRecovery",
@@ -87,7 +89,8 @@ class Think:
     does not survive between turns: durable state belongs in the conversation's messages.
     """
 
-    #: Recovery budget and give-up behaviour (SPEC §1). Recovery cannot be switched off.
+    #: Recovery budget and give-up behaviour (SPEC §1). Recovery from crashes cannot be switched off;
+    #: False only makes a rate-limited or transiently failed model call end the turn at once.
     chat_recovery: ClassVar[ChatRecovery | bool | None] = True
     #: Abort a stream silent for this long and recover it (0 = off).
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
@@ -97,8 +100,9 @@ class Think:
     message_concurrency: ClassVar[str] = "queue"
     #: Recover from a context window overflow by compacting (both layers need configure_session).
     context_overflow: ClassVar[ContextOverflow | None] = None
-    #: Classifies a model error ("context_overflow", "rate_limit", "transient", "fatal", "unknown" or None).
-    classify_chat_error: Any = default_context_overflow_classifier
+    #: Classifies a model error ("context_overflow", "rate_limit", "transient", "fatal", "unknown" or None);
+    #: "rate_limit" and "transient" send the turn to recovery.
+    classify_chat_error: Any = default_chat_error_classifier
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -6,12 +6,16 @@ so the per-chunk path does no JSON work in the web processes.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from redis.exceptions import RedisError
 
 from .conf import think_setting
+
+logger = logging.getLogger(__name__)
 
 # Group event types, dispatched to the consumer methods of the same name (dots become underscores).
 FRAMES = "think.frames"
@@ -26,10 +30,23 @@ def group_name(conversation_id: int) -> str:
 
 
 async def group_send(conversation_id: int, event: dict[str, Any]) -> None:
+    """Send a group event; a channel layer that is down is logged, never raised.
+
+    Everything an event carries is in Postgres before it is sent (frames, transcripts, a stream's
+    end), and a Redis outage also ends every consumer's socket: its clients reconnect and read it
+    there. So a turn must not fail, nor stop streaming into Postgres, because the layer did.
+    """
     layer = get_channel_layer()
     if layer is None:
         raise RuntimeError("CHANNEL_LAYERS is not configured")
-    await layer.group_send(group_name(conversation_id), event)
+    try:
+        await layer.group_send(group_name(conversation_id), event)
+    except (RedisError, OSError) as exc:
+        logger.warning(
+            "channel layer send failed: %s",
+            exc,
+            extra={"conversation_id": conversation_id, "group_event": event.get("type")},
+        )
 
 
 async def publish_frames(conversation_id: int, request_id: str, frames: list[tuple[int, str]]) -> None:

@@ -19,10 +19,10 @@ from recovery import diagnostics
 from recovery.detection import fiber_interrupt, fiber_release
 from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_heartbeat, worker_identity
 from recovery.models import Fiber, Stream
-from recovery.runtime import db
+from recovery.runtime import DATABASE_LOST, db
 from recovery.stream import StreamWriter, stream_close, stream_open
 
-from . import broadcast, llm
+from . import broadcast, errors, llm
 from .agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
 from .conf import think_setting
 from .folding import MessageAccumulator
@@ -83,7 +83,7 @@ class TurnRunner:
         self.accumulator = MessageAccumulator(self.message_id)
         self.writer: StreamWriter | None = None
         self.stream_id: Any = None
-        self.stop_reason: str | None = None  # "cancel" or "lease"
+        self.stop_reason: str | None = None  # "cancel", "lease" or "database"
         self.outcome = "interrupted"  # until the turn finishes
         self.classification: str | None = None
         self.log_extra = {"conversation_id": claim.conversation_id, "request_id": claim.request_id}
@@ -166,6 +166,12 @@ class TurnRunner:
                 raise
         except LeaseLost:
             self.stop_reason = "lease"
+        except DATABASE_LOST as exc:
+            # Postgres went away: nothing more can be stored, so the turn is not finished either (that
+            # would fail, or, with Postgres back, store the outage as the turn's error); its lease
+            # lapses and recovery continues it from what was stored.
+            self.stop_reason = "database"
+            logger.warning("database lost mid-turn: %s", exc, extra=self.log_extra)
         except StreamStalled as stall:
             await self._hand_to_recovery(stall, reason="stalled")
             return
@@ -181,7 +187,25 @@ class TurnRunner:
         if self.stop_reason == "lease":
             logger.warning("fiber lease lost; the turn stops without writing", extra=self.log_extra)
             return
+        if self.stop_reason == "database":
+            return
+        kind = self._recoverable(agent, error) if error is not None else None
+        if kind is not None:
+            assert error is not None
+            await self._hand_to_recovery(error, reason=kind, retry_after_s=errors.retry_after_s(error))
+            return
         await self._finish(error)
+
+    def _recoverable(self, agent: Think, error: BaseException) -> str | None:
+        """The error's kind ("rate_limit", "transient") when recovery takes the failed turn over, else None.
+
+        Recovery continues it from what was stored, after a wait, within the incident budget. An agent
+        with `chat_recovery = False` ends such a turn with its error at once instead.
+        """
+        if self.stop_reason is not None or self.classification is not None or agent.chat_recovery is False:
+            return None
+        kind = classify(agent, error, stage="stream", request_id=self.request_id)
+        return kind if kind in errors.RECOVERABLE else None
 
     async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
         toolset = Toolset(agent.get_tools(), self.client_tools)
@@ -296,6 +320,11 @@ class TurnRunner:
                 self.stop_reason = "lease"
                 producer.cancel()
                 return
+            except DATABASE_LOST as exc:  # as in _supervise: stop, and let the lease lapse
+                logger.warning("database lost mid-turn: %s", exc, extra=self.log_extra)
+                self.stop_reason = "database"
+                producer.cancel()
+                return
             if self.writer.cancel_requested:
                 self.stop_reason = "cancel"
                 producer.cancel()
@@ -389,10 +418,13 @@ class TurnRunner:
             await db(fiber_release, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing)
         logger.warning("worker stopping mid-turn; the fiber is handed to recovery", extra=self.log_extra)
 
-    async def _hand_to_recovery(self, cause: BaseException, *, reason: str) -> None:
-        """A stalled stream (or a turn out of memory) joins the same incident budget as a crash."""
+    async def _hand_to_recovery(
+        self, cause: BaseException, *, reason: str, retry_after_s: float | None = None
+    ) -> None:
+        """A stalled stream, a turn out of memory or a transient model error joins the same incident
+        budget as a crash."""
         assert self.writer is not None
-        logger.warning("%s", cause, extra=self.log_extra)
+        logger.warning("%s (%s: handed to recovery)", cause, reason, extra=self.log_extra)
         try:
             await self.writer.flush()
         except LeaseLost:
@@ -400,4 +432,4 @@ class TurnRunner:
         if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing, reason=reason):
             from recovery.engine import recover_fiber
 
-            await recover_fiber(self.claim.fiber_id)
+            await recover_fiber(self.claim.fiber_id, retry_after_s=retry_after_s)

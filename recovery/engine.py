@@ -24,6 +24,7 @@ from .context import ChatRecoveryContext, ChatRecoveryOptions
 from .incident_store import incident_begin, incident_save, incident_set_status
 from .incidents import (
     SCHEDULE_INITIAL,
+    SCHEDULE_TRANSIENT,
     ChatRecovery,
     Incident,
     exhausted_context,
@@ -31,6 +32,7 @@ from .incidents import (
     record_oom_and_decide,
     resolve_chat_recovery,
     schedule_is_idempotent,
+    transient_wait_s,
 )
 from .models import Stream
 from .recovery_state import (
@@ -48,6 +50,8 @@ logger = logging.getLogger(__name__)
 CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"
 OOM_INTERRUPTIONS = frozenset({"worker_lost", "out_of_memory"})
+# A model error the provider may not repeat (chat.errors): recovered after a wait, not at once.
+TRANSIENT_INTERRUPTIONS = frozenset({"transient", "rate_limit"})
 DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was declined."
 
 
@@ -66,6 +70,7 @@ class Recovery:
     target: RecoveryTarget
     agent: Think
     config: ChatRecovery
+    delay_s: float = 0.0  # before the continue or retry runs (after a transient model error)
 
     def emit(self, event_type: str, payload: dict[str, Any]) -> None:
         diagnostics.emit(event_type, payload, agent=self.agent.agent, name=self.agent.name)
@@ -89,8 +94,11 @@ async def _recovery_for(fiber_id: Any) -> Recovery | None:
     return Recovery(target, agent, resolve_chat_recovery(agent.chat_recovery))
 
 
-async def recover_fiber(fiber_id: Any) -> None:
-    """Handle one interrupted fiber; an exception leaves it interrupted for a later tick."""
+async def recover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) -> None:
+    """Handle one interrupted fiber; an exception leaves it interrupted for a later tick.
+
+    `retry_after_s`: how long the provider asked to wait, when a model error interrupted the turn.
+    """
     recovery = await _recovery_for(fiber_id)
     if recovery is None:
         return
@@ -136,6 +144,8 @@ async def recover_fiber(fiber_id: Any) -> None:
         await _persist_orphan(recovery, keep=True)
         await give_up(recovery, incident)
     else:
+        if target.fiber.interruption in TRANSIENT_INTERRUPTIONS:
+            recovery.delay_s = transient_wait_s(incident, now_ms=now_ms(), retry_after_s=retry_after_s)
         await _recover(recovery, incident)
     await db(fiber_mark_recovered, fiber_id=fiber_id)
     recovery.emit("fiber:recovery:handled", {**fiber_event, "status": "internal"})
@@ -288,16 +298,22 @@ async def schedule_recovery(
         status="scheduled",
     )
     await _set_recovering(conversation_id, recovery.target.root_request_id)
-    recovery.emit("chat:recovery:scheduled", _event_payload(incident))
+    delay_s = recovery.delay_s
+    recovery.emit(
+        "chat:recovery:scheduled",
+        _event_payload(incident) | ({"delayMs": int(delay_s * 1000)} if delay_s else {}),
+    )
     alarm = await db(
         alarm_schedule,
         conversation_id=conversation_id,
         callback=callback,
         payload=data,
-        idempotent=schedule_is_idempotent(SCHEDULE_INITIAL),
+        delay_s=delay_s,
+        idempotent=schedule_is_idempotent(SCHEDULE_TRANSIENT if delay_s else SCHEDULE_INITIAL),
     )
-    # The alarm is due now: fire it at once rather than on the next tick (the row stays the durable copy).
-    if await db(alarm_claim, alarm_id=alarm.pk):
+    # An alarm due now fires at once rather than on the next tick (the row stays the durable copy);
+    # a later one is the tick's.
+    if not delay_s and await db(alarm_claim, alarm_id=alarm.pk):
         from .tasks import fire_alarm
 
         fire_alarm.delay(alarm.pk)

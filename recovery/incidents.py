@@ -23,6 +23,11 @@ INCIDENT_TTL_MS = 3_600_000
 STABLE_RETRY_DELAY_S = 3
 # A "recovering" flag older than this is treated as absent.
 RECOVERING_FLAG_TTL_MS = 900_000
+# The wait before recovering a turn a provider failed transiently (a 5xx, a broken stream, a rate limit).
+TRANSIENT_WAIT_MIN_S = 1.0
+TRANSIENT_WAIT_MAX_S = 30.0
+# A provider's Retry-After is honoured up to this; a longer one (a quota reset) is the budget's business.
+RETRY_AFTER_MAX_S = 60.0
 
 RECOVERY_KINDS = frozenset({"retry", "continue"})
 INCIDENT_STATUSES = frozenset(
@@ -54,6 +59,7 @@ OOM_RETRY = "oom_retry"
 SCHEDULE_INITIAL = "initial"
 SCHEDULE_STABLE_TIMEOUT = "stable_timeout"
 SCHEDULE_OOM = "oom"
+SCHEDULE_TRANSIENT = "transient"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -430,9 +436,28 @@ def schedule_is_idempotent(reason: str) -> bool:
     """
     if reason == SCHEDULE_INITIAL:
         return True
-    if reason in (SCHEDULE_STABLE_TIMEOUT, SCHEDULE_OOM):
+    # A transient failure is handed over by the failing turn itself, which a recovery alarm may have
+    # started: that alarm's row is still there (running) and must not swallow the new schedule.
+    if reason in (SCHEDULE_STABLE_TIMEOUT, SCHEDULE_OOM, SCHEDULE_TRANSIENT):
         return False
-    raise ValueError(f"unknown schedule reason {reason!r}; expected 'initial', 'stable_timeout' or 'oom'")
+    raise ValueError(
+        f"unknown schedule reason {reason!r}; expected 'initial', 'stable_timeout', 'oom' or 'transient'"
+    )
+
+
+def transient_wait_s(incident: Incident, *, now_ms: int, retry_after_s: float | None = None) -> float:
+    """How long to wait before recovering a turn that a provider failed transiently.
+
+    As long again as the turn has gone without progress, so back-to-back failures wait 1, 2, 4, ... s,
+    from TRANSIENT_WAIT_MIN_S up to TRANSIENT_WAIT_MAX_S; progress starts again from the minimum. A
+    Retry-After the provider sent makes it at least that, up to RETRY_AFTER_MAX_S. The budget still
+    decides whether there is a next attempt at all.
+    """
+    without_progress_s = max(0, now_ms - _last_progress_at(incident)) / 1000
+    wait = min(max(without_progress_s, TRANSIENT_WAIT_MIN_S), TRANSIENT_WAIT_MAX_S)
+    if retry_after_s is not None and math.isfinite(retry_after_s) and retry_after_s > 0:
+        wait = max(wait, min(retry_after_s, RETRY_AFTER_MAX_S))
+    return wait
 
 
 def reschedule_after_stable_timeout(

@@ -26,6 +26,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 DB_THREADS = int(os.environ.get("THINK_DB_THREADS", "8"))
+# What a lost database (a restart, a failover, a cut connection) looks like to a caller.
+DATABASE_LOST = (InterfaceError, OperationalError)
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -73,7 +75,7 @@ def _with_reconnect(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Call fn on this DB thread; a connection broken by a Postgres restart is reopened once."""
     try:
         return fn(*args, **kwargs)
-    except (InterfaceError, OperationalError):
+    except DATABASE_LOST:
         if connection.in_atomic_block:
             raise
         logger.warning("database connection failed; reconnecting once", exc_info=True)

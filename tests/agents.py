@@ -77,6 +77,24 @@ class StallingAgent(Think):
     )
 
 
+class FlakyModelAgent(Think):
+    """A small budget: a model that keeps failing (5xx, rate limits, broken streams) ends in the
+    terminal message within seconds."""
+
+    chat_recovery = ChatRecovery(
+        max_attempts=3,
+        no_progress_timeout_ms=4000,
+        terminal_message="Sorry: the model kept failing.",
+        on_exhausted=record_exhausted,
+    )
+
+
+class NoModelRecoveryAgent(Think):
+    """chat_recovery = False: a transient model error ends the turn at once, as it did before."""
+
+    chat_recovery = False
+
+
 def tool_runs(tag: str) -> int:
     """How many times the test tools ran for this tag (tests pass the tag in the tool input)."""
     return int(probe_redis().get(probe_key("tool-runs", tag)) or 0)

@@ -39,6 +39,8 @@ THINK = {
         "assistant": "chat.agents.Assistant",
         "recovery-probe": "tests.agents.RecoveryProbe",
         "stalling-agent": "tests.agents.StallingAgent",
+        "flaky-model-agent": "tests.agents.FlakyModelAgent",
+        "no-model-recovery-agent": "tests.agents.NoModelRecoveryAgent",
         "tool-agent": "tests.agents.ToolAgent",
         "stash-agent": "tests.agents.StashAgent",
         "reactive-agent": "tests.agents.ReactiveAgent",

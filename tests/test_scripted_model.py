@@ -24,14 +24,17 @@ from thinkproject.scripted_model import (  # noqa: E402
     DEFAULT_TOKEN_RATE,
     FIXED_REPLY,
     OVERFLOW_MESSAGE,
+    RATE_LIMIT_RETRY_AFTER_S,
     STATE_KEY,
     SUMMARY_MARKER,
     BadRequestError,
     Directives,
+    Fault,
     Plan,
     ScriptedModelServer,
     build_app,
     count_prompt_tokens,
+    parse_directives,
     plan_reply,
 )
 
@@ -260,7 +263,10 @@ async def test_continuation_of_fixed_reply_skips_words_already_sent(server: Scri
     assert "Hello! I am" + "".join(result.deltas) == FIXED_REPLY
 
 
-@pytest.mark.parametrize("directive", ["[stall after 1]", "[fail after 0 with 500]", "[overflow]"])
+@pytest.mark.parametrize(
+    "directive",
+    ["[stall after 1]", "[fail after 0 with 500]", "[overflow]", "[malformed after 1]", "[reset after 0]"],
+)
 async def test_continuation_does_not_reapply_one_shot_faults(
     server: ScriptedModelServer, directive: str
 ) -> None:
@@ -289,8 +295,9 @@ async def test_stall_always_applies_to_each_continuation(server: ScriptedModelSe
 
 
 async def test_fail_before_first_chunk_with_429_raises_rate_limit_error(server: ScriptedModelServer) -> None:
-    with pytest.raises(litellm.RateLimitError):
+    with pytest.raises(litellm.RateLimitError) as raised:
         await stream(server, [user("count to 5 [fail after 0 with 429]")])
+    assert raised.value.response.headers["retry-after"] == str(RATE_LIMIT_RETRY_AFTER_S)
 
 
 async def test_fail_before_first_chunk_with_500_raises_internal_server_error(
@@ -331,6 +338,70 @@ async def test_mid_stream_failure_yields_chunks_then_raises(server: ScriptedMode
 
     assert result.deltas == ["1", " 2", " 3"]
     assert result.finish_reasons == []
+
+
+async def test_malformed_chunk_mid_stream_yields_chunks_then_raises(server: ScriptedModelServer) -> None:
+    result = Streamed()
+    with pytest.raises(MidStreamFallbackError, match="Expecting"):  # the JSON decoder's complaint
+        await stream(server, [user("count to 10 [malformed after 3]")], into=result)
+
+    assert result.deltas == ["1", " 2", " 3"]
+    assert result.finish_reasons == []
+
+
+async def test_reset_mid_stream_yields_chunks_then_raises_a_connection_error(
+    server: ScriptedModelServer,
+) -> None:
+    result = Streamed()
+    with pytest.raises(MidStreamFallbackError) as raised:
+        await stream(server, [user("count to 10 [reset after 3]")], into=result)
+
+    assert isinstance(raised.value.original_exception, litellm.APIConnectionError)
+    assert result.deltas == ["1", " 2", " 3"]
+    assert result.finish_reasons == []
+    await wait_until_idle(server)
+
+
+@pytest.mark.parametrize("directive", ["[malformed after 0]", "[reset after 0]"])
+async def test_broken_stream_before_any_content(server: ScriptedModelServer, directive: str) -> None:
+    result = Streamed()
+    with pytest.raises(MidStreamFallbackError):
+        await stream(server, [user(f"count to 10 {directive}")], into=result)
+    assert result.deltas == []
+
+
+@pytest.mark.parametrize("directive", ["[malformed after 1]", "[reset after 1]"])
+async def test_non_streaming_broken_response_raises(server: ScriptedModelServer, directive: str) -> None:
+    with pytest.raises(litellm.InternalServerError):
+        await complete(server, [user(f"count to 4 {directive}")])
+
+
+@pytest.mark.parametrize("directive", ["[malformed after 1 always]", "[reset after 1 always]"])
+async def test_always_breaks_every_continuation_after_k_more_chunks(
+    server: ScriptedModelServer, directive: str
+) -> None:
+    result = Streamed()
+    with pytest.raises(MidStreamFallbackError):
+        await stream(server, [user(f"count to 6 {directive}"), assistant("1 2")], into=result)
+    assert result.deltas == [" 3"]
+
+
+@pytest.mark.parametrize("fault", ["malformed", "reset"])
+async def test_once_breaks_only_the_first_request_with_that_prompt(
+    server: ScriptedModelServer, fault: str
+) -> None:
+    prompt = user(f"count to 4 [{fault} after 2 once] " + os.urandom(4).hex())
+    with pytest.raises(MidStreamFallbackError):
+        await stream(server, [prompt])
+    retried = await stream(server, [prompt])  # a retry of the same user turn goes through
+    assert "".join(retried.deltas) == "1 2 3 4"
+
+
+def test_broken_stream_directives_parse_with_their_modifiers() -> None:
+    directives = parse_directives("count to 5 [malformed after 2 ALWAYS] [reset after 3 once]")
+    assert directives.malformed == Fault(2, always=True)
+    assert directives.reset == Fault(3, always=False, once=True)
+    assert parse_directives("[malformed after x] [reset]").malformed is None
 
 
 # --- tools ---------------------------------------------------------------------------------------
@@ -782,6 +853,39 @@ async def test_mid_stream_error_line_ends_stream_without_done(server: ScriptedMo
     assert error["type"] == "server_error"
     assert error["code"] == 503
     assert [json.loads(p)["choices"][0]["delta"].get("content") for p in payloads[1:-1]] == ["1", " 2"]
+
+
+async def test_malformed_line_is_not_json_and_ends_the_stream_without_done(
+    server: ScriptedModelServer,
+) -> None:
+    status, text = await raw_post(
+        server, {"messages": [user("count to 9 [malformed after 2]")], "stream": True}
+    )
+
+    assert status == 200
+    payloads = sse_payloads(text)
+    assert "[DONE]" not in payloads
+    assert [json.loads(p)["choices"][0]["delta"].get("content") for p in payloads[1:-1]] == ["1", " 2"]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(payloads[-1])
+    assert payloads[-1].startswith('{"id": "chatcmpl-scripted-')  # a chunk cut off mid-object
+
+
+async def test_reset_closes_the_connection_without_ending_the_chunked_body(
+    server: ScriptedModelServer,
+) -> None:
+    received = b""
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT)
+    body = {"messages": [user("count to 9 [reset after 2]")], "stream": True}
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.post(f"{server.url}/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async for piece in resp.content.iter_any():
+                    received += piece
+    payloads = sse_payloads(received.decode())
+    assert [json.loads(p)["choices"][0]["delta"].get("content") for p in payloads[1:]] == ["1", " 2"]
+    await wait_until_idle(server)
 
 
 async def test_error_bodies_have_openai_shape(server: ScriptedModelServer) -> None:

@@ -15,7 +15,13 @@ text, combinable):
 * ``[fail after K with STATUS]`` -- ``K=0``: answer with HTTP STATUS and an OpenAI error body (429 is a
   ``rate_limit_error``, 5xx a ``server_error``). ``K>0``: stream K chunks, then an SSE ``data:`` line
   holding ``{"error": {...}}`` and end the stream without ``[DONE]``. Non-streaming requests get the
-  HTTP error whenever the fault is reached.
+  HTTP error whenever the fault is reached. A 429 (before content) carries ``Retry-After: 1``.
+* ``[malformed after K]`` -- stream K chunks, then an SSE ``data:`` line that is not valid JSON (a chunk
+  cut off mid-object), and end the stream without ``[DONE]``. ``K=0``: right after the role chunk.
+  Non-streaming requests get a 200 whose body is that broken JSON.
+* ``[reset after K]`` -- stream K chunks, then close the TCP connection abruptly (a reset: ``SO_LINGER``
+  0), without finishing the chunked response. ``K=0``: right after the role chunk. Non-streaming
+  requests are reset before any response.
 * ``[overflow]`` -- HTTP 400 with OpenAI's ``context_length_exceeded`` body.
 * ``[window N]`` (N a whole number >= 1) -- the model's context window: a request whose ``prompt_tokens``
   (see Token accounting) exceed N gets HTTP 400 with OpenAI's ``context_length_exceeded`` body (type
@@ -59,11 +65,14 @@ but the stop chunk if already at N); text replies (tool-result follow-ups includ
 skip as many words as were already sent.
 
 Any request with messages after the prompt (a continuation or a tool-result follow-up) does NOT re-apply
-``[stall ...]``, ``[fail ...]`` or ``[overflow]``, unless the directive ends with ``always``:
-``[stall after K always]`` stalls every continuation after K *more* chunks, and likewise
-``[fail after K with STATUS always]`` and ``[overflow always]``. The suffix ``once`` (``[stall after
-K once]``) fires the fault only on the first request carrying that exact prompt, so a retry of the same
-user turn goes through. ``[window N]`` is not a fault and applies to every request (see above).
+``[stall ...]``, ``[fail ...]``, ``[malformed ...]``, ``[reset ...]`` or ``[overflow]``, unless the
+directive ends with ``always``: ``[stall after K always]`` stalls every continuation after K *more*
+chunks, and likewise ``[fail after K with STATUS always]``, ``[malformed after K always]``, ``[reset after
+K always]`` and ``[overflow always]``. The suffix ``once`` (``[stall after K once]``) fires the fault only
+on the first request that is not a follow-up and carries that exact prompt message (its JSON, compared
+over the server's lifetime: put a unique word in prompts that servers share), so a retry of the same user
+turn goes through; its continuations do not re-apply it either. ``[window N]`` is not a fault and applies
+to every request (see above).
 ``[stamp]`` appends ``@<unix time>`` to every content delta when it is sent, so a client on the same
 machine can measure model-to-client latency per chunk.
 
@@ -100,6 +109,7 @@ import math
 import os
 import re
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -114,6 +124,7 @@ MODEL_NAME = "scripted"
 FIXED_REPLY = "Hello! I am the scripted model. Ask me to count to N."
 CONTINUE_PREFIX = "Continue your previous response"
 DEFAULT_TOKEN_RATE = 20.0
+RATE_LIMIT_RETRY_AFTER_S = 1  # the Retry-After of a scripted 429
 SUMMARY_MARKER = "Summarize the conversation below"
 
 
@@ -133,6 +144,8 @@ _COUNT_RE = re.compile(r"\bcount to\s+(\d+)", re.IGNORECASE)
 _RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
 _STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_MALFORMED_RE = re.compile(r"\[malformed after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_RESET_RE = re.compile(r"\[reset after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
 _WINDOW_RE = re.compile(r"\[window\b\s*([^\]\s]*)\s*(\])?", re.IGNORECASE)
@@ -199,6 +212,8 @@ class Directives:
     tools: tuple[ToolDirective, ...] = ()  # in prompt order; several = parallel calls
     stamp: bool = False  # append "@<send time>" to each content delta (latency benchmarks)
     window: int | None = None  # the context window: more prompt tokens than this is an overflow
+    malformed: Fault | None = None  # a data line that is not JSON, then the end of the stream
+    reset: Fault | None = None  # the connection is reset mid-response
 
     @property
     def default_tool_name(self) -> str | None:
@@ -261,7 +276,15 @@ def parse_directives(text: str) -> Directives:
         _parse_tools(text),
         bool(_STAMP_RE.search(text)),
         _parse_window(text),
+        _parse_fault(_MALFORMED_RE, text),
+        _parse_fault(_RESET_RE, text),
     )
+
+
+def _parse_fault(pattern: re.Pattern[str], text: str) -> Fault | None:
+    """A ``[NAME after K]`` fault (``always`` / ``once`` allowed) whose regex has groups (K, mode)."""
+    match = pattern.search(text)
+    return _make_fault(int(match.group(1)), match.group(2)) if match else None
 
 
 def _parse_window(text: str) -> int | None:
@@ -466,7 +489,10 @@ def _error_response(status: int, body: Json | None = None) -> web.Response:
     elif body is None:
         kind = "server_error" if status >= 500 else "invalid_request_error"
         body = error_body(f"The scripted model failed with HTTP {status}.", kind, status)
-    return web.json_response(body, status=status, headers={"x-should-retry": "false"})
+    headers = {"x-should-retry": "false"}
+    if status == 429:
+        headers["Retry-After"] = str(RATE_LIMIT_RETRY_AFTER_S)
+    return web.json_response(body, status=status, headers=headers)
 
 
 @dataclass
@@ -506,19 +532,52 @@ async def _wait_for_disconnect(request: web.Request) -> None:
             pass
 
 
-async def _fault(request: web.Request, response: web.StreamResponse, plan: Plan, sent: int) -> bool:
-    """Stall or fail the stream if a fault is due after ``sent`` chunks; True if the response is over."""
+def _malformed_line(reply: _Reply) -> bytes:
+    """A chunk cut off in the middle of its JSON, as a broken proxy or a truncated write would leave it."""
+    whole = json.dumps(reply.chunk({"content": " broken"}))
+    return b"data: " + whole[: len(whole) // 2].encode() + b"\n\n"
+
+
+def _reset(request: web.Request, sent: int) -> None:
+    """Close the connection at once with a TCP reset (SO_LINGER 0): no end of the chunked body."""
+    log.info("%s %s: resetting the connection after %d chunks", request.method, request.path, sent)
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def _fault(
+    request: web.Request, response: web.StreamResponse, plan: Plan, reply: _Reply, sent: int
+) -> bool:
+    """Stall, fail, break or reset the stream if a fault is due after ``sent`` chunks; True if it is over."""
     if plan.fires(plan.directives.stall, sent):
         log.info("%s %s: stalling after %d chunks", request.method, request.path, sent)
         await _wait_for_disconnect(request)
         log.info("%s %s: stalled response released", request.method, request.path)
         return True
     fail = plan.active(plan.directives.fail)
-    if fail is None or fail.after != sent:
-        return False
-    await _send(response, error_body(f"Scripted failure after {sent} chunks.", "server_error", fail.status))
-    await response.write_eof()
-    return True
+    if fail is not None and fail.after == sent:
+        body = error_body(f"Scripted failure after {sent} chunks.", "server_error", fail.status)
+        await _send(response, body)
+        await response.write_eof()
+        return True
+    if plan.fires(plan.directives.malformed, sent):
+        log.info("%s %s: sending a malformed chunk after %d chunks", request.method, request.path, sent)
+        await response.write(_malformed_line(reply))
+        await response.write_eof()
+        return True
+    if plan.fires(plan.directives.reset, sent):
+        _reset(request, sent)
+        raise _ConnectionReset
+    return False
+
+
+class _ConnectionReset(Exception):
+    """The handler reset its own connection: there is no response left to finish."""
 
 
 async def _stream(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
@@ -530,7 +589,7 @@ async def _stream(request: web.Request, plan: Plan, reply: _Reply) -> web.Stream
     first: Json = {"role": "assistant", "content": "" if plan.finish_reason == "stop" else None}
     await _send(response, reply.chunk(first))
     for sent in range(len(plan.deltas) + 1):
-        if await _fault(request, response, plan, sent):
+        if await _fault(request, response, plan, reply, sent):
             return response
         if sent == len(plan.deltas):
             break
@@ -567,6 +626,12 @@ async def _complete(request: web.Request, plan: Plan, reply: _Reply) -> web.Stre
     if any(plan.fires(plan.directives.stall, sent) for sent in range(total + 1)):
         await _wait_for_disconnect(request)
         return web.Response(status=499)
+    if any(plan.fires(plan.directives.reset, sent) for sent in range(total + 1)):
+        _reset(request, 0)
+        raise _ConnectionReset
+    if any(plan.fires(plan.directives.malformed, sent) for sent in range(total + 1)):
+        broken = _malformed_line(reply).removeprefix(b"data: ").strip()
+        return web.Response(body=broken, content_type="application/json")
     choice = {"index": 0, "message": _final_message(plan), "finish_reason": plan.finish_reason}
     return web.json_response(reply.envelope("chat.completion", choices=[choice], usage=reply.usage(total)))
 
@@ -647,6 +712,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ConnectionResetError:
         log.info("%s %s: client went away", request.method, request.path)
         return web.Response(status=499)
+    except _ConnectionReset:
+        return web.Response(status=499)  # never sent: the transport is gone
     finally:
         request.app[STATE_KEY].in_flight -= 1
 

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import django_stubs_ext
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 django_stubs_ext.monkeypatch()
 
@@ -120,7 +121,16 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py 8 defaults socket_timeout to 5 s, the same as channels_redis's blocking-pop
             # timeout, so idle receives would time out; give reads headroom.
-            "hosts": [{"address": CHANNELS_REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+            # After a Redis restart, pooled connections are dead; retry a command once on a fresh one
+            # rather than fail it (redis-py retries nothing by default on a pool it did not create).
+            "hosts": [
+                {
+                    "address": CHANNELS_REDIS_URL,
+                    "socket_timeout": 30,
+                    "socket_connect_timeout": 5,
+                    "retry_on_error": [RedisConnectionError],
+                }
+            ],
             "prefix": os.environ.get("CHANNELS_PREFIX", "think"),
             # Frames are batched, so 1000 group messages per consumer is minutes of backlog.
             "capacity": 1000,
@@ -133,6 +143,8 @@ CHANNEL_LAYERS = {
 # Celery: every turn is an acks_late task; durability comes from the fiber lease in Postgres.
 TURN_HARD_LIMIT_S = int(os.environ.get("THINK_TURN_HARD_LIMIT_S", "900"))
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+# kombu's Redis transport, fixed so that a worker survives a broker restart mid-turn (see the module).
+CELERY_BROKER_TRANSPORT = "recovery.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

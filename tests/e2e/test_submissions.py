@@ -181,7 +181,8 @@ async def test_a_clear_skips_open_submissions(stack: Any) -> None:
 
 @pytest.mark.usefixtures("stack")
 def test_a_stream_error_is_kept_as_the_submission_error(transactional_db: Any) -> None:
-    agent = new_agent()
+    # An agent with chat_recovery = False: by default a 5xx mid-stream is recovered, not an error.
+    agent = open_agent("no-model-recovery-agent", f"s-{uuid.uuid4().hex[:10]}", owner=TEST_PRINCIPAL)
     result = agent.submit_messages(["count to 10 [fail after 3 with 500]"])
     row = wait_status(agent, result.submission_id, "error")
     assert "Scripted failure after 3 chunks" in row.error

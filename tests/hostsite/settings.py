@@ -15,6 +15,8 @@ import uuid
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from recovery.schedules import beat_schedule
 
 RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8])
@@ -94,13 +96,21 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [{"address": f"{REDIS_BASE}/15", "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "hosts": [
+                {
+                    "address": f"{REDIS_BASE}/15",
+                    "socket_timeout": 30,
+                    "socket_connect_timeout": 5,
+                    "retry_on_error": [RedisConnectionError],  # README: survive a Redis restart
+                }
+            ],
             "prefix": f"thinkhost{RUN_ID}",
         },
     }
 }
 
 CELERY_BROKER_URL = f"{REDIS_BASE}/14"
+CELERY_BROKER_TRANSPORT = "recovery.broker:Transport"  # workers survive a broker restart mid-turn
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = f"thinkhost-{RUN_ID}"
 CELERY_TASK_IGNORE_RESULT = True

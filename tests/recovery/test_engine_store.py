@@ -1591,3 +1591,94 @@ async def test_a_silent_death_does_not_count_as_out_of_memory(probes: None) -> N
 
     state = await db(db_state, turn)
     assert state.incident.oom_attempts == 0 and state.incident.status == "scheduled"
+
+
+# --------------------------------------------------------------------------------------------------------
+# 7. A transient model error (chat.errors): recovered after a wait, by the tick
+# --------------------------------------------------------------------------------------------------------
+
+
+def fail_transiently(turn: Turn, kind: str = "transient") -> None:
+    """What the turn runner records when it hands a rate-limited or failed model call to recovery."""
+    Fiber.objects.filter(pk=turn.fiber_id).update(interruption=kind)
+
+
+@engine_db
+async def test_a_transient_model_error_is_continued_after_a_wait_by_the_tick(probes: None) -> None:
+    turn = await db(interrupted_turn, agent="engine-probe", chunks=PARTIAL_TEXT)
+    await db(fail_transiently, turn)
+    before = timezone.now()
+
+    await recover_fiber(turn.fiber_id)
+
+    state = await db(db_state, turn)
+    [alarm] = state.alarms
+    assert alarm.callback == CONTINUE_CALLBACK and alarm.status == Alarm.Status.PENDING
+    assert alarm.due_at >= before + timedelta(seconds=1), "the first wait is a second"
+    assert FIRED == [], "not fired at once: the tick fires it when it is due"
+    assert alarm.idempotency_key is None
+    assert "Partial answer" in state.texts, "the partial is stored before the wait"
+    assert state.incident.status == "scheduled" and len(HOOK_CALLS) == 1
+    assert state.conversation.recovering is not None
+
+
+@engine_db
+async def test_a_rate_limit_waits_at_least_its_retry_after(probes: None) -> None:
+    turn = await db(interrupted_turn, agent="engine-probe")
+    await db(fail_transiently, turn, "rate_limit")
+    before = timezone.now()
+
+    await recover_fiber(turn.fiber_id, retry_after_s=20)
+
+    [alarm] = (await db(db_state, turn)).alarms
+    assert alarm.callback == RETRY_CALLBACK
+    assert before + timedelta(seconds=20) <= alarm.due_at <= timezone.now() + timedelta(seconds=20)
+
+
+@engine_db
+async def test_a_transient_handoff_is_not_swallowed_by_the_alarm_that_started_the_failing_turn(
+    probes: None,
+) -> None:
+    turn = await db(interrupted_turn, agent="engine-probe")
+    payload = {
+        "originalRequestId": turn.request_id,
+        "incidentId": turn.incident_id,
+        "lastBody": None,
+        "lastClientTools": None,
+        "targetUserId": turn.user_id,
+    }
+    # The retry alarm that started this turn is still running (its row goes once its callback returns).
+    running = await db(
+        alarm_schedule,
+        conversation_id=turn.conversation_id,
+        callback=RETRY_CALLBACK,
+        payload=payload,
+        idempotent=True,
+    )
+    await Alarm.objects.filter(pk=running.pk).aupdate(status=Alarm.Status.RUNNING)
+    await db(fail_transiently, turn)
+
+    await recover_fiber(turn.fiber_id)
+
+    state = await db(db_state, turn)
+    assert [a.status for a in state.alarms] == [Alarm.Status.RUNNING, Alarm.Status.PENDING]
+    assert state.alarms[1].payload == payload
+
+
+@engine_db
+async def test_a_transient_model_error_past_the_budget_gives_up_with_the_terminal_message(
+    probes: None,
+) -> None:
+    turn = await db(interrupted_turn, agent="one-shot-probe", chunks=PARTIAL_TEXT)
+    await db(fail_transiently, turn)
+    await recover_fiber(turn.fiber_id)
+    await db(age_incident, turn, by_ms=INCIDENT_DEBOUNCE_MS + 1)
+    await db(re_interrupt, turn)
+
+    await recover_fiber(turn.fiber_id)
+
+    state = await db(db_state, turn)
+    assert (state.incident.status, state.incident.reason) == ("exhausted", "max_attempts_exceeded")
+    assert state.conversation.last_terminal == {"requestId": turn.request_id, "body": TERMINAL}
+    assert "Partial answer" in state.texts, "what was stored stays"
+    assert len(state.alarms) == 1, "only the first wait was scheduled"

@@ -20,7 +20,10 @@ from recovery.incidents import (
     INCIDENT_TTL_MS,
     LIVE_STATUSES,
     RECOVERING_FLAG_TTL_MS,
+    RETRY_AFTER_MAX_S,
     STABLE_RETRY_DELAY_S,
+    TRANSIENT_WAIT_MAX_S,
+    TRANSIENT_WAIT_MIN_S,
     ChatRecovery,
     Evaluation,
     ExhaustedContext,
@@ -37,6 +40,7 @@ from recovery.incidents import (
     resolve_chat_recovery,
     schedule_is_idempotent,
     stale_ids,
+    transient_wait_s,
 )
 
 T0 = 1_700_000_000_000
@@ -754,10 +758,60 @@ def test_evaluation_reason_precedence_across_hard_bound_combinations(tripped: tu
 
 
 @pytest.mark.parametrize(
-    ("reason", "idempotent"), [("initial", True), ("stable_timeout", False), ("oom", False)]
+    ("reason", "idempotent"),
+    [("initial", True), ("stable_timeout", False), ("oom", False), ("transient", False)],
 )
 def test_schedule_policy(reason: str, idempotent: bool) -> None:
     assert schedule_is_idempotent(reason) is idempotent
+
+
+# --------------------------------------------------------------------------------------------------------
+# The wait after a transient model error (a 5xx, a broken stream, a rate limit)
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_a_first_transient_failure_waits_the_minimum() -> None:
+    assert transient_wait_s(opened(), now_ms=T0) == TRANSIENT_WAIT_MIN_S == 1.0
+
+
+def test_back_to_back_failures_without_progress_wait_as_long_again_so_the_wait_doubles() -> None:
+    record, now, waits = opened(), T0, []
+    for _ in range(7):
+        wait = transient_wait_s(record, now_ms=now)
+        waits.append(wait)
+        now += int(wait * 1000)  # the next attempt fails as soon as it starts
+        record = evaluate(existing=record, now_ms=now).incident
+    assert waits == [1.0, 1.0, 2.0, 4.0, 8.0, 16.0, TRANSIENT_WAIT_MAX_S]
+
+
+def test_progress_brings_the_wait_back_to_the_minimum() -> None:
+    record = evaluate(existing=opened(), now_ms=T0 + 20_000, progress=3).incident
+    assert transient_wait_s(record, now_ms=T0 + 20_000) == TRANSIENT_WAIT_MIN_S
+
+
+def test_the_wait_is_capped() -> None:
+    assert transient_wait_s(opened(), now_ms=T0 + 3_600_000) == TRANSIENT_WAIT_MAX_S == 30.0
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "wait"),
+    [
+        (None, 1.0),
+        (0.0, 1.0),
+        (-5.0, 1.0),
+        (math.nan, 1.0),
+        (math.inf, 1.0),
+        (0.5, 1.0),  # never below the backoff
+        (7.0, 7.0),
+        (RETRY_AFTER_MAX_S + 1000, RETRY_AFTER_MAX_S),  # a quota reset an hour away is not waited for
+    ],
+)
+def test_a_retry_after_raises_the_wait_up_to_a_cap(retry_after: float | None, wait: float) -> None:
+    assert transient_wait_s(opened(), now_ms=T0, retry_after_s=retry_after) == wait
+
+
+def test_a_retry_after_shorter_than_the_backoff_does_not_shorten_it() -> None:
+    assert transient_wait_s(opened(), now_ms=T0 + 10_000, retry_after_s=2) == 10.0
 
 
 @pytest.mark.parametrize("reason", ["", "stable_timeout_retry", "INITIAL", "retry"])

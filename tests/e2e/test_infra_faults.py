@@ -1,0 +1,330 @@
+"""Infrastructure faults mid-turn: Redis (broker, channel layer, cache) and Postgres go away and come back.
+
+Neither test touches the shared servers. The Redis test runs its stack against a private redis-server
+that it kills and starts again on the same port (no persistence: every broker message, channel-layer
+message and group, and cache key is gone, as after a real restart). The Postgres test makes an outage
+of this run's own test database only: every open connection terminated and new ones refused for longer
+than the lease TTL, then allowed again, which is what clients see of a server restart.
+
+In each case the turn completes (or ends with the terminal message within the recovery budget), the
+stored transcript holds the answer exactly once, and a client that connects after the fault gets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import websockets
+from asgiref.sync import sync_to_async
+
+from chat.models import Conversation
+from recovery.models import Fiber
+from tests.support import (
+    ChatClient,
+    ConversationLog,
+    Proc,
+    assistant_text,
+    chat_request,
+    follow_conversation,
+    free_port,
+    numbers,
+    start_beat,
+    start_daphne,
+    start_worker,
+    user_message,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# Lease TTL (3 s) + tick + the continuation, with a wide margin for a loaded 2-core machine.
+BUDGET_S = 90
+OUTAGE_S = 5.0  # longer than the lease TTL (3 s): the turn's lease lapses during the outage
+
+
+@dataclass(frozen=True)
+class Turn:
+    prompt: str
+    count: int
+    fault_after: int  # chunks the first client sees before the fault
+
+    @property
+    def expected(self) -> str:
+        return numbers(self.count)
+
+
+# At 20 chunks/s the turn's guard does the timed flushes; at 300/s the producer flushes full batches.
+SLOW = Turn("count to 80 [rate 20]", 80, 15)
+FAST = Turn("count to 1500 [rate 300]", 1500, 100)
+
+
+class PrivateRedis:
+    """A redis-server of this test alone, without persistence, that can be restarted on its port."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        args = [shutil.which("redis-server") or "redis-server", "--port", str(self.port)]
+        args += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
+        self.proc = Proc("redis", args, {}, self.log_dir / f"redis-{self.port}.log").start()
+        wait_until(self._ping, 10, f"redis-server on port {self.port}")
+
+    def _ping(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+
+class DatabaseOutage:
+    """This run's test database refuses new connections and has every open one terminated, until end()."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.name = str(settings["NAME"])
+        self.dsn = {k.lower(): settings[k] for k in ("HOST", "PORT", "USER", "PASSWORD")}
+        self.active = False
+
+    def _run(self, *statements: str) -> None:
+        import psycopg
+        from psycopg import sql
+
+        # From the maintenance database: the outage must not depend on the database it takes down.
+        with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **self.dsn) as conn:
+            for statement in statements:
+                conn.execute(
+                    sql.SQL(statement).format(db=sql.Identifier(self.name), name=sql.Literal(self.name))
+                )
+
+    def begin(self) -> None:
+        self.active = True
+        self._run(
+            "ALTER DATABASE {db} WITH ALLOW_CONNECTIONS false",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = {name} AND pid <> pg_backend_pid()",
+        )
+
+    def end(self) -> None:
+        if self.active:
+            self._run("ALTER DATABASE {db} WITH ALLOW_CONNECTIONS true")
+            self.active = False
+
+
+class FaultStack:
+    """daphne, beat and a worker of one fault test, on a queue of its own; all stopped at the end."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env, self.log_dir = env, log_dir
+        self.procs: list[Proc] = []
+        daphne, self.port = start_daphne(env, log_dir)
+        self.procs.append(daphne)
+        self.procs.append(start_beat(env, log_dir))
+        self.procs.append(start_worker(env, log_dir, name="faults-worker"))
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}: {p.log_path}" for p in self.procs)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture
+def private_redis(log_dir: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(log_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_stack(
+    stack_environment: dict[str, str], log_dir: Path, private_redis: PrivateRedis
+) -> Iterator[FaultStack]:
+    env = {
+        **stack_environment,
+        "THINK_TEST_REDIS_URL": private_redis.url,
+        "THINK_TEST_QUEUE_SUFFIX": "-redis",
+    }
+    stack = FaultStack(env, log_dir)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def postgres_stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[FaultStack]:
+    stack = FaultStack({**stack_environment, "THINK_TEST_QUEUE_SUFFIX": "-postgres"}, log_dir)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def database_outage(django_db_blocker: Any) -> Iterator[DatabaseOutage]:
+    """Always lifted at the end; this process's connections, killed by it, are closed after it."""
+    from django.db import connection
+
+    outage = DatabaseOutage(connection.settings_dict)
+    try:
+        yield outage
+    finally:
+        outage.end()
+        with django_db_blocker.unblock():
+            connection.close()  # the test's teardown (flush) opens a fresh one
+
+
+def close_connection() -> None:
+    from django.db import connection
+
+    connection.close()
+
+
+async def follow_after_fault(client: ChatClient, log: ConversationLog, expected: str, timeout: float) -> None:
+    """A client that connected after the fault: ACK every resume offer, follow until the turn ends."""
+
+    def done(log: ConversationLog) -> bool:
+        return log.finished or bool(log.messages and assistant_text(log.messages[-1]) == expected)
+
+    deadline = time.monotonic() + timeout
+    while not done(log):
+        frame = await client.recv(max(0.01, deadline - time.monotonic()))
+        kind = frame.get("type")
+        if kind == "cf_agent_stream_resuming":
+            await client.send({"type": "cf_agent_stream_resume_ack", "id": frame["id"]})
+        elif kind == "cf_agent_chat_messages":
+            log.messages.append(frame["messages"])
+        elif kind == "cf_agent_use_chat_response":
+            log.stream(frame["id"]).record(frame)
+
+
+def turn_state(name: str) -> tuple[list[dict[str, Any]], bool, dict[str, Any] | None]:
+    """(stored transcript, whether a fiber is still active, the terminal record) of a conversation."""
+    from chat.selectors import messages_list
+
+    conversation = Conversation.objects.get(agent="assistant", name=name)
+    active = Fiber.objects.filter(conversation=conversation).active().exists()
+    return messages_list(conversation_id=conversation.pk), active, conversation.last_terminal
+
+
+async def turn_ended(name: str, expected: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    deadline = time.monotonic() + BUDGET_S
+    while time.monotonic() < deadline:
+        transcript, active, terminal = await sync_to_async(turn_state)(name)
+        if not active and (terminal or assistant_text(transcript) == expected):
+            return transcript, terminal
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"the turn of {name} did not end within {BUDGET_S}s")
+
+
+def assert_clean(log: ConversationLog) -> None:
+    """Every stream a client saw has its seqs contiguous from 0: nothing missed, nothing twice."""
+    for request_id in log.order:
+        seqs = log.streams[request_id].seqs
+        assert seqs == list(range(len(seqs))), f"stream {request_id} has a gap or duplicate: {seqs}"
+
+
+async def run_with_fault(
+    port: int, turn: Turn, fault: Callable[[], Awaitable[None]]
+) -> tuple[str, ConversationLog]:
+    """Start the turn, apply the fault after some chunks, and check what clients and Postgres hold.
+
+    Returns the conversation's name and what the client connected through the fault saw.
+    """
+    name = f"infra-{uuid.uuid4().hex[:8]}"
+    first = ConversationLog()
+    async with ChatClient(port, name) as client:
+        request_id = uuid.uuid4().hex[:10]
+        await client.send(chat_request(request_id, [user_message(turn.prompt)]))
+        await follow_conversation(
+            client, first, until=lambda lg: len(lg.stream(request_id).chunks) >= turn.fault_after, timeout=30
+        )
+        await fault()
+        try:  # the server may drop this socket (a Redis restart ends every consumer); that is allowed
+            await follow_conversation(client, first, timeout=BUDGET_S)
+        except websockets.ConnectionClosed:
+            pass
+    later = ConversationLog()
+    async with ChatClient(port, name) as client:
+        await follow_after_fault(client, later, turn.expected, BUDGET_S)
+    transcript, terminal = await turn_ended(name, turn.expected)
+
+    assert_clean(first)
+    assert turn.expected.startswith(first.text), "the first client saw text that is not the answer"
+    assert_clean(later)
+    assert [m["role"] for m in transcript].count("user") == 1, "the user message is stored once"
+    stored = assistant_text(transcript)
+    if terminal is not None:  # allowed, within the budget: the partial is kept, nothing is repeated
+        assert turn.expected.startswith(stored)
+        assert any(s.errors for s in later.streams.values()), "the later client gets the terminal message"
+    else:
+        assert stored == turn.expected, "stored text: nothing lost, nothing twice"
+        assert later.messages and assistant_text(later.messages[-1]) == turn.expected
+        assert turn.expected.endswith(later.text), "the later client's streams end the answer exactly"
+    return name, first
+
+
+async def test_redis_restart_mid_turn(redis_stack: FaultStack, private_redis: PrivateRedis) -> None:
+    async def restart() -> None:
+        assert private_redis.proc is not None
+        private_redis.proc.kill()
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(private_redis.start)
+
+    try:
+        name, _ = await run_with_fault(redis_stack.port, SLOW, restart)
+        fibers = await Fiber.objects.filter(conversation__name=name).acount()
+        assert fibers == 1, "the turn was not even interrupted: it streamed into Postgres throughout"
+        # The restart wiped the tick's timestamp from the cache: only a tick sent by beat and run by the
+        # worker after it makes the health check pass, so beat and the worker both reconnected.
+        await asyncio.to_thread(wait_until, lambda: healthy(redis_stack.port), 30, "/healthz to pass")
+    except BaseException:
+        print(redis_stack.logs())
+        raise
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return response.status == 200
+    except OSError:  # a 503 (HTTPError) too
+        return False
+
+
+@pytest.mark.parametrize("turn", [SLOW, FAST], ids=["guard-flushes", "producer-flushes"])
+async def test_postgres_outage_mid_turn(
+    postgres_stack: FaultStack, database_outage: DatabaseOutage, turn: Turn
+) -> None:
+    async def outage() -> None:
+        await asyncio.to_thread(database_outage.begin)
+        await asyncio.sleep(OUTAGE_S)
+        await asyncio.to_thread(database_outage.end)
+        await sync_to_async(close_connection)()  # the connection of the ORM's thread was killed too
+
+    try:
+        _, first = await run_with_fault(postgres_stack.port, turn, outage)
+    except BaseException:
+        print(postgres_stack.logs())
+        raise
+    assert first.text == turn.expected, "the client connected through the outage saw the whole answer"

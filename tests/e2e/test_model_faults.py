@@ -1,0 +1,176 @@
+"""Model faults with real processes: the scripted model answers 429, 5xx, a malformed stream or a reset
+connection, and the turn either completes (recovery continues it from what was stored) or, when the model
+keeps failing, ends with the terminal message within the budget. Nothing stored is lost either way."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from recovery.models import Fiber, Incident
+from tests.agents import probe_key, probe_redis
+from tests.support import (
+    ChatClient,
+    ConversationLog,
+    assistant_text,
+    chat_request,
+    follow_conversation,
+    numbers,
+    user_message,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+TERMINAL = "Sorry: the model kept failing."  # tests.agents.FlakyModelAgent
+
+
+@pytest.fixture(scope="module")
+def faults_stack(recovery_stack: Any) -> Iterator[Any]:
+    """daphne, beat (a delayed recovery is an alarm the tick fires) and one worker nobody kills."""
+    recovery_stack.start_worker()
+    yield recovery_stack
+    recovery_stack.stop_workers()
+
+
+def new_name(tag: str) -> str:
+    return f"fault-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+async def run_turn(stack: Any, agent: str, name: str, text: str) -> tuple[str, ConversationLog]:
+    """Send one user message and follow the conversation until a turn completes or errors."""
+    request_id = uuid.uuid4().hex[:10]
+    async with ChatClient(stack.port, name, agent=agent) as client:
+        await client.send(chat_request(request_id, [user_message(text)]))
+        log = await follow_conversation(client, timeout=60)
+    return request_id, log
+
+
+def stored(agent: str, name: str) -> list[dict[str, Any]]:
+    from chat.selectors import conversation_get, messages_list
+
+    conversation = conversation_get(agent=agent, name=name)
+    assert conversation is not None
+    return messages_list(conversation_id=conversation.pk)
+
+
+async def model_calls(name: str) -> int:
+    """Model calls made for the conversation: one per turn (a fiber), as each makes one model step."""
+    return await Fiber.objects.filter(conversation__name=name).acount()
+
+
+def assert_clean(log: ConversationLog, expected: str) -> None:
+    """Every stream's seqs contiguous from 0 (no gap, no duplicate) and the text exactly as expected."""
+    for request_id in log.order:
+        seqs = log.streams[request_id].seqs
+        assert seqs == list(range(len(seqs))), f"stream {request_id} has a gap or duplicate: {seqs}"
+    assert log.text == expected
+    assert [e for r in log.order for e in log.streams[r].errors] == [], "no error reaches the client"
+
+
+MID_STREAM = ["user", "assistant", "assistant"]  # the stored partial, then the continuation's message
+RETRIED = ["user", "assistant"]  # nothing came before the fault: the same user turn is run again
+# A 429 in the middle of a stream is an SSE error event: litellm's Chat Completions path keeps no status
+# for it (so it is transient), its Responses API path does.
+EITHER = {"transient", "rate_limit"}
+
+
+@pytest.mark.parametrize(
+    ("fault", "roles", "interruption"),
+    [
+        ("[fail after 5 with 429 once]", MID_STREAM, EITHER),
+        ("[malformed after 5 once]", MID_STREAM, {"transient"}),
+        ("[reset after 5 once]", MID_STREAM, {"transient"}),
+        ("[fail after 0 with 429 once]", RETRIED, {"rate_limit"}),
+        ("[fail after 0 with 500 once]", RETRIED, {"transient"}),
+        ("[reset after 0 once]", RETRIED, {"transient"}),
+    ],
+)
+async def test_a_fault_the_model_does_not_repeat_is_recovered_with_the_exact_text(
+    faults_stack: Any, fault: str, roles: list[str], interruption: set[str]
+) -> None:
+    name = new_name("once")
+    request_id, log = await run_turn(faults_stack, "assistant", name, f"count to 30 {fault} {name}")
+    assert len(log.order) == 2, "the failed turn, then the recovery that finished it"
+    first = log.streams[request_id].done
+    assert first is not None and first["outcome"] == "recovering" and not first.get("error")
+    assert_clean(log, numbers(30))
+    assert True in log.recovering and log.recovering[-1] is False
+    transcript = await sync_to_async(stored)("assistant", name)
+    assert [m["role"] for m in transcript] == roles
+    assert assistant_text(transcript) == numbers(30)
+    assert await model_calls(name) == 2
+    assert await Incident.objects.filter(conversation__name=name).acount() == 0, "completed, so deleted"
+    interrupted = await Fiber.objects.aget(request_id=request_id)
+    assert interrupted.interruption in interruption
+
+
+async def test_a_model_failing_mid_stream_every_time_still_finishes_while_it_progresses(
+    faults_stack: Any,
+) -> None:
+    name = new_name("progress")
+    _, log = await run_turn(
+        faults_stack, "flaky-model-agent", name, f"count to 10 [fail after 4 with 500 always] {name}"
+    )
+    assert len(log.order) == 3, "1-4, then 5-8 before failing again, then 9-10"
+    assert_clean(log, numbers(10))
+    transcript = await sync_to_async(stored)("flaky-model-agent", name)
+    assert [m["role"] for m in transcript] == ["user", "assistant", "assistant", "assistant"]
+    assert assistant_text(transcript) == numbers(10)
+
+
+async def test_a_model_that_always_fails_ends_with_the_terminal_message_within_the_budget(
+    faults_stack: Any,
+) -> None:
+    name = new_name("always")
+    request_id, log = await run_turn(
+        faults_stack, "flaky-model-agent", name, f"count to 12 [fail after 0 with 500 always] {name}"
+    )
+    errors = [e for r in log.order for e in log.streams[r].errors]
+    assert errors == [TERMINAL], "the terminal message, once, and never the provider's raw error"
+    assert log.text == ""
+    assert await model_calls(name) >= 2, "it was retried before giving up"
+    exhausted = [json.loads(v) for v in probe_redis().lrange(probe_key("exhausted", request_id), 0, -1)]
+    assert [e["reason"] for e in exhausted] == ["no_progress_timeout"]
+    incident = await Incident.objects.aget(conversation__name=name)
+    assert incident.status == "exhausted"
+    transcript = await sync_to_async(stored)("flaky-model-agent", name)
+    assert [(m["role"], m["parts"][0]["text"]) for m in transcript] == [
+        ("user", f"count to 12 [fail after 0 with 500 always] {name}")
+    ], "the user message stays; the terminal message is never written into the transcript"
+
+
+async def test_a_refused_request_ends_the_turn_at_once(
+    faults_stack: Any,
+) -> None:
+    name = new_name("fatal")
+    request_id, log = await run_turn(
+        faults_stack, "assistant", name, f"count to 9 [fail after 0 with 401] {name}"
+    )
+    assert log.order == [request_id]
+    (error,) = log.streams[request_id].errors
+    assert "AuthenticationError" in error
+    assert await model_calls(name) == 1
+    assert await Incident.objects.filter(conversation__name=name).acount() == 0
+    transcript = await sync_to_async(stored)("assistant", name)
+    assert [m["role"] for m in transcript] == ["user"]
+
+
+async def test_an_agent_with_chat_recovery_off_ends_the_turn_with_the_error_and_keeps_the_partial(
+    faults_stack: Any,
+) -> None:
+    name = new_name("off")
+    request_id, log = await run_turn(
+        faults_stack, "no-model-recovery-agent", name, f"count to 9 [fail after 3 with 500 once] {name}"
+    )
+    assert log.order == [request_id]
+    stream = log.streams[request_id]
+    assert stream.text == numbers(3) and len(stream.errors) == 1 and "Scripted failure" in stream.errors[0]
+    assert await model_calls(name) == 1
+    transcript = await sync_to_async(stored)("no-model-recovery-agent", name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert assistant_text(transcript) == numbers(3)
