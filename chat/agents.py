@@ -92,6 +92,10 @@ class Think:
     #: Recovery budget and give-up behaviour (SPEC §1). Recovery from crashes cannot be switched off;
     #: False only makes a rate-limited or transiently failed model call end the turn at once.
     chat_recovery: ClassVar[ChatRecovery | bool | None] = True
+    #: Call the model through OpenAI's Responses API in background mode, so that a turn recovered after
+    #: a crash rejoins the provider's own generation (after the last stored event) instead of paying
+    #: for a new one; when the provider no longer has it, the turn continues as usual (README).
+    model_reattach: ClassVar[bool] = False
     #: Abort a stream silent for this long and recover it (0 = off).
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
     #: Model steps per turn: each step after the first follows server tool results.

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .llm import ResponseFailed
 from .overflow import ChatErrorContext, default_context_overflow_classifier
 
 RATE_LIMIT = "rate_limit"
@@ -78,6 +79,10 @@ def _provider_status(error: BaseException) -> int | None:
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
+# The `error.code` of a failed Responses API generation, when it is one the provider may not repeat.
+_RESPONSE_FAILURES = {"rate_limit_exceeded": RATE_LIMIT, "server_error": TRANSIENT}
+
+
 def _kind(error: BaseException) -> str | None:
     """rate_limit, transient, "fatal" (a request the provider refused) or None, for one error alone."""
     status = _provider_status(error)
@@ -91,6 +96,8 @@ def _kind(error: BaseException) -> str | None:
         return "fatal"
     if isinstance(error, ConnectionError | TimeoutError):
         return TRANSIENT
+    if isinstance(error, ResponseFailed):  # a Responses API generation the provider reported failed
+        return _RESPONSE_FAILURES.get(error.code or "")
     return None
 
 

@@ -1,6 +1,10 @@
-"""The one module that talks to litellm: a streaming chat call turned into plain events.
+"""The one module that talks to litellm: a streaming model call turned into plain events.
 
-litellm is imported lazily so that migrate, the admin and beat never pay for its import.
+Two kinds of call: Chat Completions (`stream_chat`, every provider), and OpenAI's Responses API in
+background mode (`stream_response`, for agents with `model_reattach`), whose generation the provider
+keeps and lets a client rejoin by response id after a given event (`Marked` events carry where the
+stored generation stands). litellm is imported lazily so that migrate, the admin and beat never pay for
+its import.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import sys
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
+
+SCRIPTED_MODEL = "openai/scripted"
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,50 @@ class Usage:
 Event = TextDelta | ReasoningDelta | ToolCallDelta | StepFinish | Usage
 
 
+@dataclass(frozen=True)
+class ResponseCursor:
+    """Where a provider's stored generation stands: its response id and the sequence number of the
+    last event accounted for; `done` once the response completed."""
+
+    response_id: str
+    sequence_number: int
+    done: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"responseId": self.response_id, "sequenceNumber": self.sequence_number, "done": self.done}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ResponseCursor | None:
+        """The cursor a fiber snapshot recorded; None for anything else."""
+        if not isinstance(data, dict):
+            return None
+        response_id, number = data.get("responseId"), data.get("sequenceNumber")
+        if not isinstance(response_id, str) or not response_id or not isinstance(number, int):
+            return None
+        return cls(response_id, number, bool(data.get("done")))
+
+
+@dataclass(frozen=True)
+class Marked:
+    """An event of a stored generation (None: one that carries no content), and the cursor after it."""
+
+    event: Event | None
+    cursor: ResponseCursor
+
+
+class ReattachUnavailable(Exception):
+    """The provider cannot resume that generation (it expired, was never stored, or is unknown)."""
+
+
+class ResponseFailed(Exception):
+    """The provider reported the generation failed (a `response.failed` or `error` event); `code` is
+    its error code ("server_error", "rate_limit_exceeded", ...) when it gave one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def load_litellm() -> Any:
     """Import litellm (seconds, the first time). Never call this on an event loop that runs turns."""
     # Without it litellm fetches its cost map over the network at import. Set here, not when this module
@@ -53,7 +103,22 @@ def load_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
-    litellm.suppress_debug_info = True
+    if not getattr(litellm, "_think_configured", False):
+        litellm.suppress_debug_info = True
+        # litellm streams a Responses API call to a model its cost map does not know by faking it: one
+        # blocking call, replayed as events; for a background response that is the queued response and
+        # nothing more. So the scripted model is made known (a real provider's models are in the map).
+        # Its mode stays "chat": "responses" would send every chat completion through litellm's bridge.
+        litellm.register_model(
+            {
+                SCRIPTED_MODEL: {
+                    "litellm_provider": "openai",
+                    "mode": "chat",
+                    "supports_native_streaming": True,
+                }
+            }
+        )
+        litellm._think_configured = True
     return litellm
 
 
@@ -122,3 +187,184 @@ def error_text(exc: BaseException) -> str:
     """A short human-readable text for a provider error."""
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return str(message)
+
+
+# -- the Responses API ----------------------------------------------------------------------------------
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def response_input(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Chat Completions messages as the Responses API's (instructions, input items)."""
+    instructions = [_text_of(m.get("content")) for m in messages if m.get("role") == "system"]
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role in ("user", "assistant"):
+            text = _text_of(message.get("content"))
+            if text:
+                items.append({"role": role, "content": text})
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.get("id"),
+                        "name": function.get("name"),
+                        "arguments": function.get("arguments") or "{}",
+                    }
+                )
+        elif role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id"),
+                    "output": _text_of(message.get("content")),
+                }
+            )
+    return ("\n\n".join(instructions) or None), items
+
+
+def response_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat Completions tool schemas as Responses API function tools."""
+    converted = []
+    for tool in tools:
+        function = tool.get("function") or {}
+        entry = {"type": "function", "name": function.get("name"), "parameters": function.get("parameters")}
+        if function.get("description"):
+            entry["description"] = function["description"]
+        converted.append(entry)
+    return converted
+
+
+def _field(event: Any, name: str, default: Any = None) -> Any:
+    if isinstance(event, dict):
+        return event.get(name, default)
+    return getattr(event, name, default)
+
+
+class _ResponseEvents:
+    """Turns Responses API stream events into Marked events; tracks the response id and tool calls."""
+
+    def __init__(self, response_id: str | None = None) -> None:
+        self.response_id = response_id
+        self.calls: dict[int, int] = {}  # output_index -> tool call index of this stream
+        self.saw_calls = False
+
+    def cursor(self, event: Any, done: bool = False) -> ResponseCursor | None:
+        number = _field(event, "sequence_number")
+        if self.response_id is None or not isinstance(number, int):
+            return None
+        return ResponseCursor(self.response_id, number, done)
+
+    def translate(self, event: Any) -> list[Event | Marked]:
+        kind = _field(event, "type")
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            self.response_id = self.response_id or _field(_field(event, "response"), "id")
+            return self._marked(None, event)
+        if kind == "response.output_text.delta":
+            return self._marked(TextDelta(str(_field(event, "delta") or "")), event)
+        if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            return self._marked(ReasoningDelta(str(_field(event, "delta") or "")), event)
+        if kind == "response.output_item.added":
+            item = _field(event, "item")
+            if _field(item, "type") != "function_call":
+                return []
+            index = self.calls.setdefault(int(_field(event, "output_index") or 0), len(self.calls))
+            self.saw_calls = True
+            # Unmarked: a call is only stored whole, so a resume never starts inside one.
+            return [ToolCallDelta(index, _field(item, "call_id"), _field(item, "name"), "")]
+        if kind == "response.function_call_arguments.delta":
+            known = self.calls.get(int(_field(event, "output_index") or 0))
+            if known is None:
+                return []
+            return [ToolCallDelta(known, None, None, str(_field(event, "delta") or ""))]
+        if kind == "response.output_item.done":
+            return self._marked(None, event)
+        if kind in ("response.completed", "response.incomplete"):
+            response = _field(event, "response")
+            events: list[Event | Marked] = []
+            usage = _field(response, "usage")
+            if usage is not None:
+                prompt, completion = _field(usage, "input_tokens") or 0, _field(usage, "output_tokens") or 0
+                events.append(Usage(prompt, completion, _field(usage, "total_tokens") or prompt + completion))
+            output = _field(response, "output") or []
+            calls = self.saw_calls or any(_field(item, "type") == "function_call" for item in output)
+            reason = "length" if kind == "response.incomplete" else ("tool_calls" if calls else "stop")
+            cursor = self.cursor(event, done=True)
+            finish = StepFinish(reason)
+            events.append(Marked(finish, cursor) if cursor is not None else finish)
+            return events
+        if kind in ("response.failed", "error"):
+            error = _field(_field(event, "response"), "error") or event
+            message = str(_field(error, "message") or "the provider reported the response failed")
+            code = _field(error, "code")
+            raise ResponseFailed(message, str(code) if code else None)
+        return []
+
+    def _marked(self, event: Event | None, raw: Any) -> list[Event | Marked]:
+        cursor = self.cursor(raw)
+        if cursor is None:
+            return [event] if event is not None else []
+        return [Marked(event, cursor)]
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    return getattr(exc, "status_code", None) == 404 or type(exc).__name__ in ("NotFoundError",)
+
+
+async def stream_response(
+    *,
+    model: dict[str, Any],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    resume: ResponseCursor | None = None,
+) -> AsyncGenerator[Event | Marked, None]:
+    """Stream one model step through the Responses API in background mode: a new generation, or (with
+    `resume`) the rest of a stored one after `resume.sequence_number`. ReattachUnavailable when the
+    provider no longer has it."""
+    litellm = await _litellm()
+    kwargs = {"num_retries": 0, **model}
+    translator = _ResponseEvents(resume.response_id if resume is not None else None)
+    if resume is None:
+        instructions, items = response_input(messages)
+        extra: dict[str, Any] = {"tools": response_tools(tools)} if tools else {}
+        if instructions:
+            extra["instructions"] = instructions
+        response = await litellm.aresponses(
+            input=items, background=True, stream=True, store=True, **extra, **kwargs
+        )
+    else:
+        try:
+            response = await litellm.aget_responses(
+                response_id=resume.response_id,
+                stream=True,
+                starting_after=resume.sequence_number,
+                **_retrieve_kwargs(kwargs),
+            )
+        except Exception as exc:
+            if _is_not_found(exc):
+                raise ReattachUnavailable(
+                    f"the provider no longer has response {resume.response_id}"
+                ) from exc
+            raise
+    try:
+        async for event in response:
+            for translated in translator.translate(event):
+                yield translated
+    finally:
+        aclose = getattr(response, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _retrieve_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The connection part of a model's kwargs, for a retrieve (which names no model)."""
+    model = str(kwargs.get("model") or "")
+    provider = model.split("/", 1)[0] if "/" in model else "openai"
+    wanted = {k: v for k, v in kwargs.items() if k in ("api_base", "api_key", "timeout", "extra_headers")}
+    return {"custom_llm_provider": provider, **wanted}

@@ -21,8 +21,9 @@ from . import llm
 from .chunking import ToolCall, UIChunker
 from .folding import MessageAccumulator, is_tool_part, tool_name_of
 from .interactions import result_update
-from .llm import Usage
+from .llm import Marked, ReattachUnavailable, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
+from .repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
 from .selectors import messages_list
 from .tools import Tool, ToolOutcome, Toolset, tool_execute
 from .transcript import to_model_messages
@@ -35,7 +36,8 @@ logger = logging.getLogger(__name__)
 CONTINUE_PROMPT = "Continue your previous response from exactly where it left off. Do not repeat any of it."
 UNKNOWN_TOOL = "The model called a tool that does not exist: {name}"
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
+Emit = Callable[..., Awaitable[None]]  # emit(chunk, cursor=None)
+NoteCursor = Callable[[dict[str, Any]], None]
 
 
 class StreamStalled(Exception):
@@ -72,6 +74,8 @@ class ModelLoop:
         request_id: str,
         emit: Emit,
         proactive: Proactive | None = None,
+        reattach: ResponseCursor | None = None,
+        note_cursor: NoteCursor | None = None,
     ) -> None:
         self.agent = agent
         self.proactive = proactive
@@ -82,10 +86,23 @@ class ModelLoop:
         self.continuation = continuation
         self.request_id = request_id
         self.emit = emit
+        # The stored generation the first step rejoins instead of calling the model (model_reattach).
+        self.reattach = reattach if reattach is not None and not reattach.done else None
+        self.note_cursor = note_cursor
 
-    async def _emit_all(self, chunks: list[dict[str, Any]]) -> None:
-        for chunk in chunks:
-            await self.emit(chunk)
+    async def _emit_all(self, chunks: list[dict[str, Any]], cursor: ResponseCursor | None = None) -> None:
+        """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
+        before (a crash would lose the chunk) nor after (a resume would repeat it)."""
+        if cursor is not None and not chunks:
+            if self.note_cursor is not None:
+                self.note_cursor(cursor.as_json())
+            return
+        last = len(chunks) - 1
+        for index, chunk in enumerate(chunks):
+            if cursor is not None and index == last:
+                await self.emit(chunk, cursor=cursor.as_json())
+            else:
+                await self.emit(chunk)
 
     async def run(self) -> None:
         chunker = UIChunker(self.accumulator.message_id)
@@ -139,11 +156,47 @@ class ModelLoop:
             model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
         return model_messages
 
-    async def _stream_step(self, chunker: UIChunker) -> None:
-        extra: dict[str, Any] = {"tools": self.toolset.schemas()} if self.toolset else {}
-        events = llm.stream_chat(
-            model=self.agent.completion_kwargs(), messages=self.model_messages(), **extra
+    def _model_events(self) -> Any:
+        tools = self.toolset.schemas() if self.toolset else None
+        model = self.agent.completion_kwargs()
+        if not self.agent.model_reattach:
+            return llm.stream_chat(
+                model=model, messages=self.model_messages(), **({"tools": tools} if tools else {})
+            )
+        resume, self.reattach = self.reattach, None  # only the first step can rejoin a stored generation
+        return llm.stream_response(model=model, messages=self.model_messages(), tools=tools, resume=resume)
+
+    def _reattach_fallback(self, reason: str, cursor: ResponseCursor) -> None:
+        """The stored generation cannot be rejoined: say why; the step becomes an ordinary continuation."""
+        logger.warning("cannot reattach to %s (%s): continuing instead", cursor.response_id, reason)
+        diagnostics.emit(
+            "chat:reattach:fallback",
+            {"requestId": self.request_id, "responseId": cursor.response_id, "reason": reason},
+            agent=self.agent.agent,
+            name=self.agent.name,
         )
+
+    def _reattach_blocker(self) -> str | None:
+        """Why the stored generation must not be rejoined: a tool call it was streaming when the turn
+        died is in the transcript as interrupted, and rejoining would emit that call a second time."""
+        last = next((m for m in reversed(self.messages) if m.get("role") == "assistant"), None)
+        for part in (last or {}).get("parts") or []:
+            if (
+                is_tool_part(part)
+                and part.get("state") == "output-error"
+                and part.get("errorText") == INTERRUPTED
+            ):
+                return "tool_call_cut_off"
+        return None
+
+    async def _stream_step(self, chunker: UIChunker) -> None:
+        if self.reattach is not None:
+            blocker = self._reattach_blocker()
+            if blocker is not None:
+                self._reattach_fallback(blocker, self.reattach)
+                self.reattach = None
+        resuming = self.reattach
+        events = self._model_events()
         stall_ms = int(self.agent.chat_stream_stall_timeout_ms)
         try:
             while True:
@@ -152,6 +205,12 @@ class ModelLoop:
                         event = await events.__anext__()
                 except StopAsyncIteration:
                     break
+                except ReattachUnavailable as exc:
+                    assert resuming is not None
+                    self._reattach_fallback(f"not_found: {exc}", resuming)
+                    await events.aclose()
+                    resuming, events = None, self._model_events()
+                    continue
                 except TimeoutError:
                     diagnostics.emit(
                         "chat:stream:stalled",
@@ -160,7 +219,11 @@ class ModelLoop:
                         name=self.agent.name,
                     )
                     raise StreamStalled(stall_ms) from None
-                await self._emit_all(chunker.feed(event))
+                if isinstance(event, Marked):
+                    chunks = chunker.feed(event.event) if event.event is not None else []
+                    await self._emit_all(chunks, event.cursor)
+                else:
+                    await self._emit_all(chunker.feed(event))
         finally:
             await events.aclose()
 

@@ -213,11 +213,13 @@ def turn_start_recovered(
     incident_id: str | None,
     last_body: dict[str, Any] | None = None,
     last_client_tools: list[dict[str, Any]] | None = None,
+    reattach: dict[str, Any] | None = None,
 ) -> TurnStart:
     """Start a continuation (leaf must be an assistant message) or a retry (leaf must be a user message).
 
     A continuation writes a new assistant message after the partial; a retry re-runs the model for the
     existing user message, which is never added twice. Skipped while another turn is queued or running.
+    `reattach`: the provider cursor of the dead turn, for a continuation that rejoins its generation.
     """
     with transaction.atomic():
         conversation = _lock_conversation(conversation_id)
@@ -228,6 +230,7 @@ def turn_start_recovered(
             incident_id=incident_id,
             last_body=last_body,
             last_client_tools=last_client_tools,
+            reattach=reattach,
         )
 
 
@@ -241,6 +244,7 @@ def turn_start_followup(
     last_client_tools: list[dict[str, Any]] | None = None,
     require_idle: bool = True,
     extra_snapshot: dict[str, Any] | None = None,
+    reattach: dict[str, Any] | None = None,
 ) -> TurnStart:
     """Create the fiber of a continuation or retry; call inside a transaction holding the conversation lock.
 
@@ -269,6 +273,8 @@ def turn_start_followup(
         incident_id=incident_id,
     )
     snapshot["chat"].update(extra_snapshot or {})
+    if reattach is not None:  # where the turn's own segment writes keep it (recovery.stream)
+        snapshot["reattach"] = reattach
     fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=snapshot)
     conversation_id = conversation.pk
     transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))

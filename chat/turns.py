@@ -79,6 +79,8 @@ class TurnRunner:
         chat_snapshot = (claim.snapshot or {}).get("chat") or {}
         self.continuation = bool(chat_snapshot.get("continuation"))
         self.incident_id: str | None = chat_snapshot.get("incidentId")
+        # A recovered turn of a model_reattach agent: the provider generation its first step rejoins.
+        self.reattach = llm.ResponseCursor.from_json((claim.snapshot or {}).get("reattach"))
         self.message_id = str(uuid.uuid4())
         self.accumulator = MessageAccumulator(self.message_id)
         self.writer: StreamWriter | None = None
@@ -222,7 +224,10 @@ class TurnRunner:
                 request_id=self.request_id,
                 emit=self._emit,
                 proactive=overflow.proactive if overflow else None,
+                reattach=self.reattach,
+                note_cursor=self._note_cursor,
             )
+            self.reattach = None  # a second run of the loop (overflow retry) starts a new generation
             try:
                 await loop.run()
                 return
@@ -273,10 +278,14 @@ class TurnRunner:
         await broadcast.publish(self.conversation_id, chat_messages_frame(report.messages))
         return report.messages
 
-    async def _emit(self, chunk: dict[str, Any]) -> None:
+    def _note_cursor(self, cursor: dict[str, Any]) -> None:
+        assert self.writer is not None
+        self.writer.note_cursor(cursor)
+
+    async def _emit(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> None:
         assert self.writer is not None
         self.accumulator.apply(chunk)
-        if self.writer.add(chunk):
+        if self.writer.add(chunk, cursor):
             await self._flush_shielded()
         if self.on_chunk is not None:
             result = self.on_chunk(chunk)

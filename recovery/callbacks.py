@@ -171,6 +171,7 @@ class _Callback:
             incident_id=self.incident_id or None,
             last_body=self.data.get("lastBody"),
             last_client_tools=self.data.get("lastClientTools"),
+            reattach=self.data.get("reattach") if kind == Fiber.Kind.CONTINUE else None,
         )
         if started.status == "skipped":
             await self.set_status("skipped")

@@ -250,6 +250,13 @@ async def _dispatch(recovery: Recovery, incident: Incident, options: ChatRecover
     elif can_continue:
         if leaf is not None and leaf["role"] == "assistant":
             data["targetAssistantId"] = leaf["id"]
+            reattach = (target.fiber.snapshot or {}).get("reattach")
+            # The provider kept generating what the dead turn streamed (model_reattach): the
+            # continuation rejoins that generation after the last stored event, provided the leaf
+            # holds everything up to that event (the dead turn's partial, or, when the dead turn
+            # stored nothing, the partial its own recorded cursor came from).
+            if reattach and (leaf["id"] == target.partial.message_id or not target.partial.has_content):
+                data["reattach"] = reattach
         await schedule_recovery(recovery, incident, CONTINUE_CALLBACK, data)
     elif not options.continue_ and not terminal:
         await _skip(recovery, incident, "continue_disabled")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
@@ -143,22 +143,23 @@ def next_pending_fiber(*, conversation_id: int) -> Any | None:
 
 
 def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
-    """Store user data in the running fiber's snapshot (`ctx.recovery_data` on recovery), fenced."""
+    """Store user data in the running fiber's snapshot (`ctx.recovery_data` on recovery), fenced.
+
+    Only the "user" key changes, in one statement: the stream's segment writes set "reattach" beside it.
+    """
     import json
 
     try:
-        json.dumps(data)
+        encoded = json.dumps(data)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"stash() needs JSON-serialisable data: {exc}") from None
-    with transaction.atomic():
-        fiber = (
-            Fiber.objects.select_for_update()
-            .filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING)
-            .first()
-        )
-        if fiber is None:
-            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
-        snapshot = dict(fiber.snapshot or {})
-        snapshot["user"] = data
-        fiber.snapshot = snapshot
-        fiber.save(update_fields=["snapshot"])
+    sql = (
+        f"UPDATE {Fiber._meta.db_table}"
+        " SET snapshot = jsonb_set(COALESCE(snapshot, '{}'::jsonb), '{user}', %s::jsonb)"
+        " WHERE id = %s AND fencing = %s AND status = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [encoded, fiber_id, fencing, Fiber.Status.RUNNING])
+        updated = cursor.rowcount
+    if not updated:
+        raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")

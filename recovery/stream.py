@@ -4,6 +4,11 @@ Every chunk gets a per-stream sequence number. Chunks are buffered and written a
 flush, in one statement that also renews the fiber's lease, credits progress and checks the fencing
 number, so the hot path costs one round trip per batch and a fenced-out worker writes nothing.
 Frames are published only after their segment is committed, so a client can always re-read what it saw.
+
+A turn that can reattach to its provider's stored generation (`Think.model_reattach`) gives some
+chunks a provider cursor (response id and event sequence number); the segment write records the
+batch's last cursor in the fiber snapshot in the same statement, so the stored cursor never runs
+ahead of, nor lags behind, the stored chunks.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ class SegmentWrite:
 
 _APPEND_SQL = """
 WITH lease AS (
-    UPDATE {fiber} SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now()
+    UPDATE {fiber} SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now(),
+        snapshot = CASE WHEN %(reattach)s::jsonb IS NULL THEN snapshot
+            ELSE jsonb_set(COALESCE(snapshot, '{{}}'::jsonb), '{{reattach}}', %(reattach)s::jsonb) END
     WHERE id = %(fiber_id)s AND fencing = %(fencing)s AND status = 'running'
     RETURNING conversation_id, cancel_requested
 ), progress AS (
@@ -74,9 +81,18 @@ RETURNING (SELECT cancel_requested FROM lease)
 
 
 def segment_append(
-    *, fiber_id: Any, fencing: int, stream_id: Any, seq_start: int, seq_end: int, body: str, credit: int
+    *,
+    fiber_id: Any,
+    fencing: int,
+    stream_id: Any,
+    seq_start: int,
+    seq_end: int,
+    body: str,
+    credit: int,
+    reattach: str | None = None,
 ) -> SegmentWrite | None:
-    """Write one segment if the fiber is still ours (None otherwise), renewing its lease."""
+    """Write one segment if the fiber is still ours (None otherwise), renewing its lease; `reattach` (a
+    provider cursor, JSON) becomes the snapshot's "reattach" entry."""
     sql = _APPEND_SQL.format(
         fiber=Fiber._meta.db_table, conversation=Conversation._meta.db_table, segment=Segment._meta.db_table
     )
@@ -89,6 +105,7 @@ def segment_append(
         "seq_start": seq_start,
         "seq_end": seq_end,
         "body": body,
+        "reattach": reattach,
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -161,14 +178,24 @@ class StreamWriter:
         self._credit = 0
         self._last_delta_credit = float("-inf")
         self._flushed_any = False
+        self._cursor: dict[str, Any] | None = None  # the provider cursor of the buffered chunks
         self._lock = asyncio.Lock()
         self.buffered = asyncio.Event()
         self._flush_every = int(think_setting("FLUSH_EVERY_CHUNKS"))
         self._flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
         self._persist = bool(think_setting("STREAM_PERSIST"))
 
-    def add(self, chunk: dict[str, Any]) -> bool:
-        """Buffer one chunk; True when it must be flushed now (first content, tool milestone, full batch)."""
+    def note_cursor(self, cursor: dict[str, Any]) -> None:
+        """The provider cursor reached by the chunks added so far: stored with the next segment."""
+        self._cursor = cursor
+
+    def add(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> bool:
+        """Buffer one chunk; True when it must be flushed now (first content, tool milestone, full batch).
+
+        `cursor`: where the provider's stored generation stands once this chunk is stored.
+        """
+        if cursor is not None:
+            self._cursor = cursor
         chunk_type = chunk.get("type")
         body = encode_chunk(chunk)
         seq = self.next_seq
@@ -216,16 +243,18 @@ class StreamWriter:
         async with self._lock:
             if not self._buffer:
                 return
-            batch, credit, since = self._buffer, self._credit, self._buffered_since
-            self._buffer, self._buffer_bytes, self._credit = [], 0, 0
+            batch, credit, since, cursor = self._buffer, self._credit, self._buffered_since, self._cursor
+            self._buffer, self._buffer_bytes, self._credit, self._cursor = [], 0, 0, None
             if self._persist:
-                await self._write(batch, credit)
+                await self._write(batch, credit, cursor)
             self._flushed_any = True
             await self.publish([(seq, frame) for seq, _, frame in batch])
             # Per batch, never per chunk: the oldest chunk's wait is the batch's worst latency.
             metrics.flush_observed(chunks=len(batch), oldest_age_s=time.monotonic() - since)
 
-    async def _write(self, batch: list[tuple[int, str, str]], credit: int) -> None:
+    async def _write(
+        self, batch: list[tuple[int, str, str]], credit: int, cursor: dict[str, Any] | None = None
+    ) -> None:
         """The segment write: one fenced statement that also renews the lease and credits progress."""
         result = await db(
             segment_append,
@@ -236,6 +265,7 @@ class StreamWriter:
             seq_end=batch[-1][0],
             body="\n".join(b for _, b, _ in batch),
             credit=credit,
+            reattach=dumps(cursor) if cursor is not None else None,  # once per batch, never per chunk
         )
         if result is None:
             raise LeaseLost(f"fiber {self.fiber_id} fencing {self.fencing}")

@@ -11,6 +11,7 @@ import redis
 from django.conf import settings
 
 from chat.agents import (
+    Assistant,
     ChatErrorContext,
     ChatRecovery,
     ChatRecoveryContext,
@@ -204,3 +205,11 @@ class BothLayersAgent(ProactiveAgent):
     context_overflow = ContextOverflow(
         reactive=True, proactive=Proactive(max_input_tokens=300, max_compactions=2)
     )
+
+
+class ReattachAgent(Assistant):
+    """model_reattach: its turns use the Responses API in background mode, and a recovered turn rejoins
+    the provider's generation instead of starting a new one."""
+
+    model_reattach = True
+    chat_recovery = ChatRecovery(max_attempts=5, no_progress_timeout_ms=60_000)

@@ -39,6 +39,7 @@ THINK = {
         "assistant": "chat.agents.Assistant",
         "recovery-probe": "tests.agents.RecoveryProbe",
         "stalling-agent": "tests.agents.StallingAgent",
+        "reattach-agent": "tests.agents.ReattachAgent",
         "flaky-model-agent": "tests.agents.FlakyModelAgent",
         "no-model-recovery-agent": "tests.agents.NoModelRecoveryAgent",
         "tool-agent": "tests.agents.ToolAgent",

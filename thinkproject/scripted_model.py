@@ -3,7 +3,8 @@
 It is the offline default model of the demo and the model of the test suite, reached through litellm's
 real OpenAI code path (model ``"openai/scripted"``, ``api_base`` = this server's ``/v1`` URL).
 
-Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``, ``GET /healthz``.
+Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``, ``GET /healthz``,
+and the Responses API (``/v1/responses``, see below).
 The reply is driven by the *prompt*: the last user message of the request that is not a continuation
 prompt (summarisation requests excepted, see below). Directives in it (case-insensitive, anywhere in the
 text, combinable):
@@ -90,6 +91,16 @@ tool call names and arguments count as message characters; ``completion_tokens``
 chunks (text or tool-call deltas). The usage chunk (``choices: []``) is sent when the
 request asks for ``stream_options.include_usage``. Error responses carry ``x-should-retry: false`` so
 the OpenAI SDK does not retry them itself: retries are the caller's business.
+
+Responses API (:mod:`thinkproject.scripted_responses`, on the same server): ``POST /v1/responses``
+answers the same prompts with OpenAI's Responses events (``sequence_number`` from 0, one
+``response.output_text.delta`` per word, ``function_call`` items for ``[tool ...]``). With ``background:
+true`` the generation is a server-side task that outlives the request: ``GET /v1/responses/{id}`` returns
+the response as it stands, ``GET /v1/responses/{id}?stream=true&starting_after=N`` replays the events after
+N and follows the live ones, ``POST /v1/responses/{id}/cancel`` stops it. ``[forget]`` in the prompt drops
+the stored response at once (a later GET or resume is a 404, as for an expired one). The server counts
+the generations it started and the output tokens of each (``ScriptedModelServer.responses_created``,
+``.response_output_tokens``). That module's docstring has the details and how faults apply.
 
 Pacing: ``SCRIPTED_MODEL_TOKEN_RATE`` chunks per second (default 20; ``<= 0``: no pacing), overridden by
 ``build_app(token_rate=...)`` and by ``[rate R]``.
@@ -749,6 +760,9 @@ def build_app(*, token_rate: float | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
+    from thinkproject.scripted_responses import add_routes  # here: that module imports this one
+
+    add_routes(app)  # the Responses API (POST/GET /v1/responses...)
     return app
 
 
@@ -777,6 +791,20 @@ class ScriptedModelServer:
     def in_flight(self) -> int:
         """Number of chat completion requests being answered right now (stalled ones included)."""
         return self.app[STATE_KEY].in_flight
+
+    @property
+    def responses_created(self) -> int:
+        """Number of Responses API generations started (see :mod:`thinkproject.scripted_responses`)."""
+        from thinkproject.scripted_responses import RESPONSES_KEY
+
+        return self.app[RESPONSES_KEY].created
+
+    @property
+    def response_output_tokens(self) -> dict[str, int]:
+        """Output tokens (chunks) generated so far per Responses API response id, forgotten ones included."""
+        from thinkproject.scripted_responses import RESPONSES_KEY
+
+        return dict(self.app[RESPONSES_KEY].output_tokens)
 
     def start(self) -> ScriptedModelServer:
         self._loop = asyncio.new_event_loop()

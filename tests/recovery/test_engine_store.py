@@ -133,7 +133,15 @@ def chunk_bodies(*chunks: dict[str, Any]) -> list[str]:
     return [encode_chunk(chunk) for chunk in chunks]
 
 
-def append(claimed: Claim, stream_id: Any, bodies: list[str], *, seq_start: int = 0, credit: int = 0) -> Any:
+def append(
+    claimed: Claim,
+    stream_id: Any,
+    bodies: list[str],
+    *,
+    seq_start: int = 0,
+    credit: int = 0,
+    reattach: str | None = None,
+) -> Any:
     return segment_append(
         fiber_id=claimed.fiber_id,
         fencing=claimed.fencing,
@@ -142,6 +150,7 @@ def append(claimed: Claim, stream_id: Any, bodies: list[str], *, seq_start: int 
         seq_end=seq_start + len(bodies) - 1,
         body="\n".join(bodies),
         credit=credit,
+        reattach=reattach,
     )
 
 
