@@ -84,7 +84,12 @@ class Marked:
 
 
 class ReattachUnavailable(Exception):
-    """The provider cannot resume that generation (it expired, was never stored, or is unknown)."""
+    """The provider cannot resume that generation: `reason` "not_found" (it expired, was never stored,
+    or is unknown) or "unavailable" (the provider refused or failed the resume request)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 class ResponseFailed(Exception):
@@ -346,12 +351,11 @@ async def stream_response(
                 starting_after=resume.sequence_number,
                 **_retrieve_kwargs(kwargs),
             )
-        except Exception as exc:
+        except Exception as exc:  # whatever it is, the turn can still continue the ordinary way
             if _is_not_found(exc):
-                raise ReattachUnavailable(
-                    f"the provider no longer has response {resume.response_id}"
-                ) from exc
-            raise
+                gone = f"the provider no longer has response {resume.response_id}"
+                raise ReattachUnavailable("not_found", gone) from exc
+            raise ReattachUnavailable("unavailable", f"{type(exc).__name__}: {error_text(exc)}") from exc
     try:
         async for event in response:
             for translated in translator.translate(event):

@@ -207,7 +207,7 @@ class ModelLoop:
                     break
                 except ReattachUnavailable as exc:
                     assert resuming is not None
-                    self._reattach_fallback(f"not_found: {exc}", resuming)
+                    self._reattach_fallback(f"{exc.reason}: {exc}", resuming)
                     await events.aclose()
                     resuming, events = None, self._model_events()
                     continue

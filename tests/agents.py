@@ -213,3 +213,6 @@ class ReattachAgent(Assistant):
 
     model_reattach = True
     chat_recovery = ChatRecovery(max_attempts=5, no_progress_timeout_ms=60_000)
+
+    def get_tools(self) -> list[Tool]:
+        return [*super().get_tools(), add]  # add counts its runs (tool_runs)

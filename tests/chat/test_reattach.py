@@ -262,3 +262,23 @@ def test_a_failed_generation_is_classified_by_its_code(code: str | None, kind: s
         translate_all([created(), event])
     assert failed.value.code == code
     assert default_chat_error_classifier(failed.value) == kind
+
+
+async def test_a_resume_the_provider_cannot_serve_says_why(scripted_model: Any) -> None:
+    """Unknown to the provider: not_found; the provider unreachable or refusing: unavailable. Either
+    way the loop falls back to an ordinary continuation, never ends the turn."""
+    from chat import llm
+    from chat.conf import scripted_model as scripted_kwargs
+    from chat.llm import ReattachUnavailable
+    from tests.support import free_port
+
+    model = {**scripted_kwargs(), "api_base": scripted_model.url}
+    cursor = ResponseCursor("resp_never_made", 3)
+    with pytest.raises(ReattachUnavailable) as missing:
+        [e async for e in llm.stream_response(model=model, messages=[], resume=cursor)]
+    assert missing.value.reason == "not_found"
+
+    closed = {**model, "api_base": f"http://127.0.0.1:{free_port()}/v1"}
+    with pytest.raises(ReattachUnavailable) as down:
+        [e async for e in llm.stream_response(model=closed, messages=[], resume=cursor)]
+    assert down.value.reason == "unavailable"

@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 
 from chat.selectors import conversation_get, messages_list
 from recovery.models import Fiber
+from tests.agents import tool_runs
 from tests.support import (
     ChatClient,
     ConversationLog,
@@ -157,3 +158,32 @@ async def test_a_recovered_turn_killed_again_rejoins_again(
     assert log.text == numbers(400)
     assert scripted_model.responses_created - created == 1, "still the one generation"
     assert assistant_text(await sync_to_async(stored)(name)) == numbers(400)
+
+
+async def test_a_settled_tool_result_is_never_run_again_when_the_next_step_is_rejoined(
+    recovery_stack: Any, scripted_model: ScriptedModelServer
+) -> None:
+    """Step 1 calls `add` (a server tool that counts its runs), step 2 streams the answer: the worker is
+    killed in step 2, and the continuation rejoins step 2's generation; the tool ran once, and the two
+    generations the turn needs are all the provider was asked for."""
+    tag = uuid.uuid4().hex[:8]
+    before = dict(scripted_model.response_output_tokens)
+    created = scripted_model.responses_created
+    log, name = await killed_mid_answer(
+        recovery_stack, f'[tool add {{"tag": "{tag}", "a": 2, "b": 3}}] count to 100 [rate 25]', kill_after=25
+    )
+    assert tool_runs(tag) == 1, "the settled result was kept, not produced again"
+    assert scripted_model.responses_created - created == 2, "the tool step and the answer, nothing more"
+    step_two = list(new_responses(scripted_model, before))[-1]  # in the order they were created
+    transcript = await sync_to_async(stored)(name)
+    text = assistant_text(transcript)
+    assert text == await asyncio.to_thread(provider_text, scripted_model, step_two)
+    assert text.endswith(numbers(100)) and "returned: 5" in text
+    settled = [
+        part
+        for message in transcript
+        for part in message["parts"]
+        if part.get("type") == "tool-add" and part.get("state") == "output-available"
+    ]
+    assert len(settled) == 1 and settled[0]["output"] == 5
+    assert len(log.order) == 2
