@@ -42,7 +42,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"  # reattach-agent, and t
 os.environ.setdefault("THINK_TEST_RUN_ID", f"bench{uuid.uuid4().hex[:6]}")
 
 from harness import ROOT, percentile, progress, setup_django, summary  # type: ignore[import-not-found]  # noqa: E402
-from soak import Seen, follow, private_redis  # type: ignore[import-not-found]  # noqa: E402
+from soak import Seen, follow, use_private_redis  # type: ignore[import-not-found]  # noqa: E402
 
 AGENT = "reattach-agent"
 MODES = ("reattach", "continue")
@@ -194,14 +194,9 @@ async def main(args: argparse.Namespace) -> None:
     from thinkproject.scripted_model import ScriptedModelServer
 
     logs = Path(tempfile.mkdtemp(prefix="thinkreattach-"))
-    redis_proc, redis_url = private_redis(logs)
+    redis_proc, redis_url = use_private_redis(logs)
     procs: list[Proc] = [redis_proc]
-    os.environ.update(
-        REDIS_URL=f"{redis_url}/0",
-        CHANNELS_REDIS_URL=f"{redis_url}/1",
-        CACHE_REDIS_URL=f"{redis_url}/2",
-        THINK_TEST_REDIS_URL=redis_url,  # tests.settings: broker /14, cache /13, channel layer /15
-    )
+    os.environ["THINK_TEST_REDIS_URL"] = redis_url  # tests.settings: broker /14, cache /13, channel layer /15
     os.environ["THINK_TEST_DATABASE_NAME"] = os.environ["BENCH_DATABASE_URL"].rsplit("/", 1)[1]
     rounds: list[Round] = []
     stack: Stack | None = None

@@ -213,6 +213,13 @@ def private_redis(logs: Path) -> tuple[Any, str]:
     return proc, f"redis://127.0.0.1:{port}"
 
 
+def use_private_redis(logs: Path) -> tuple[Any, str]:
+    """A private redis-server, and this process's environment (so the stack it starts) pointed at it."""
+    proc, url = private_redis(logs)
+    os.environ.update(REDIS_URL=f"{url}/0", CHANNELS_REDIS_URL=f"{url}/1", CACHE_REDIS_URL=f"{url}/2")
+    return proc, url
+
+
 def report(rounds: list[Round], seed: int) -> int:
     kills = [r for r in rounds if r.mode != "none"]
     lost = sum(r.lost for r in rounds)
@@ -237,14 +244,9 @@ async def main(args: argparse.Namespace) -> int:
     from tests.support import Proc
 
     logs = Path(tempfile.mkdtemp(prefix="thinksoak-"))
-    redis_proc, redis_url = private_redis(logs)
+    redis_proc, _ = use_private_redis(logs)
     procs: list[Proc] = [redis_proc]
-    os.environ.update(
-        REDIS_URL=f"{redis_url}/0",
-        CHANNELS_REDIS_URL=f"{redis_url}/1",
-        CACHE_REDIS_URL=f"{redis_url}/2",
-        CHANNELS_PREFIX="soak",
-    )
+    os.environ["CHANNELS_PREFIX"] = "soak"
     rng = random.Random(args.seed)
     rounds: list[Round] = []
     stack: Stack | None = None

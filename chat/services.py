@@ -63,13 +63,17 @@ def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
         existing.metadata = message.get("metadata")
         existing.save(update_fields=["parts", "metadata", "updated_at"])
         return existing
+    return _message_create(conversation_id, message, _next_position(conversation_id))
+
+
+def _message_create(conversation_id: int, message: dict[str, Any], position: int) -> Message:
     return Message.objects.create(
         conversation_id=conversation_id,
         message_id=message["id"],
         role=message["role"],
         parts=message.get("parts", []),
         metadata=message.get("metadata"),
-        position=_next_position(conversation_id),
+        position=position,
     )
 
 
@@ -86,14 +90,7 @@ def message_place(*, conversation_id: int, message: dict[str, Any], after_messag
         return message_upsert(conversation_id=conversation_id, message=message)
     later = Message.objects.filter(conversation_id=conversation_id, position__gt=anchor.position)
     later.update(position=F("position") + 1)
-    return Message.objects.create(
-        conversation_id=conversation_id,
-        message_id=message["id"],
-        role=message["role"],
-        parts=message.get("parts", []),
-        metadata=message.get("metadata"),
-        position=anchor.position + 1,
-    )
+    return _message_create(conversation_id, message, anchor.position + 1)
 
 
 def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: str) -> None:
