@@ -66,6 +66,8 @@ def _check_access() -> list[CheckMessage]:
                     id="think_chat.E008",
                 )
             )
+    if not isinstance(think_setting("CANCEL_SIGNALS"), bool):
+        errors.append(Error("THINK['CANCEL_SIGNALS'] must be True or False.", id="think_chat.E010"))
     token = think_setting("METRICS_TOKEN")
     if token is not None and not (isinstance(token, str) and token):
         errors.append(

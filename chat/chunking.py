@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +104,9 @@ class UIChunker:
         chunks: list[Chunk] = []
         if call is None:
             call = {
-                "id": event.id or f"call_{self.message_id}_{event.index}",
+                # A provider that names no call: an id unique across steps and across the
+                # continuations that extend this message.
+                "id": event.id or f"call_{uuid.uuid4().hex[:16]}",
                 "name": event.name or "",
                 "args": "",
             }

@@ -21,6 +21,10 @@ DEFAULTS: dict[str, Any] = {
     # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
     "LEASE_TTL_S": 3.0,
     "HEARTBEAT_INTERVAL_S": 1.0,
+    # Each worker process listens for cancels on a Postgres session of its own (recovery.control), so
+    # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
+    # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.
+    "CANCEL_SIGNALS": True,
     # Prefix of channel-layer group names, one group per conversation.
     "GROUP_PREFIX": "think",
     # Who may use which conversation (chat.access): a dotted path to an AccessPolicy subclass.

@@ -212,6 +212,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         for text in replay.frames:
             await self.send(text)
         self._mark_sent(frame.id, replay.last_seq)
+        if replay.snapshot is not None:  # after the end frame, which lifts the hook's stream guard
+            await self.send(p.chat_messages_frame(replay.snapshot))
         if replay.messages is not None:
             await self._group_broadcast(p.chat_messages_frame(replay.messages), exclude=[])
 

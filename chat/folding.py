@@ -6,6 +6,7 @@ stored segments) and the orphan finaliser, so all three agree on what a stream m
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -31,19 +32,34 @@ def is_settled_tool_part(part: dict[str, Any]) -> bool:
 
 
 class MessageAccumulator:
-    """Builds one assistant UIMessage from the chunks of a stream."""
+    """Builds one assistant UIMessage from the chunks of a stream.
+
+    A continuation's stream extends the message it continues: its accumulator starts from that
+    message (`extending`), so what it folds is the whole message, as clients render it.
+    """
 
     def __init__(self, message_id: str, *, role: str = "assistant") -> None:
         self.message_id = message_id
         self.role = role
         self.parts: list[dict[str, Any]] = []
         self.metadata: dict[str, Any] | None = None
+        # A tool result was settled by this stream's own chunks (not inherited from an extended message).
+        self.settled_results = False
         self.error_text: str | None = None
         self.finish_reason: str | None = None
         self._open: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, id) -> streaming text/reasoning part
         self._tool_input_text: dict[str, str] = {}
         # Tool results for calls that live in an earlier message (approved tools run in a continuation).
         self.foreign_tool_updates: list[dict[str, Any]] = []
+
+    @classmethod
+    def extending(cls, message: dict[str, Any]) -> MessageAccumulator:
+        """An accumulator that continues `message` (a copy: the original is left as it is)."""
+        accumulator = cls(str(message["id"]), role=str(message.get("role") or "assistant"))
+        accumulator.parts = copy.deepcopy(list(message.get("parts") or []))
+        metadata = message.get("metadata")
+        accumulator.metadata = copy.deepcopy(metadata) if isinstance(metadata, dict) else None
+        return accumulator
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -56,7 +72,8 @@ class MessageAccumulator:
 
     @property
     def has_settled_tool_results(self) -> bool:
-        return any(is_settled_tool_part(p) for p in self.parts)
+        """This stream settled a tool call (a result that must never be dropped, nor run again)."""
+        return self.settled_results
 
     def close_open_parts(self) -> None:
         """A stream cut short (a cancel): its open text and reasoning parts are final as they are."""
@@ -169,6 +186,7 @@ class MessageAccumulator:
         part["input"] = chunk.get("input")
 
     def _tool_input_error(self, chunk: dict[str, Any]) -> None:
+        self.settled_results = True
         part = self._tool_part(chunk)
         part.update(state="output-error", input=chunk.get("input"), errorText=chunk.get("errorText", ""))
 
@@ -184,6 +202,7 @@ class MessageAccumulator:
             self.foreign_tool_updates.append({"toolCallId": chunk.get("toolCallId"), **changes})
             return
         part.update(changes)
+        self.settled_results = True
 
     def _tool_output_available(self, chunk: dict[str, Any]) -> None:
         changes = {"state": "output-available", "output": chunk.get("output")}
@@ -245,9 +264,14 @@ _HANDLERS: dict[str, Any] = {
 }
 
 
-def fold_bodies(message_id: str, bodies: Iterable[str]) -> MessageAccumulator:
-    """Rebuild a message from stored chunk bodies (recovery, orphan finalising)."""
-    accumulator = MessageAccumulator(message_id)
+def fold_bodies(
+    message_id: str, bodies: Iterable[str], *, extends: dict[str, Any] | None = None
+) -> MessageAccumulator:
+    """Rebuild a message from stored chunk bodies (recovery, orphan finalising), on top of the message
+    a continuation's stream `extends`."""
+    accumulator = (
+        MessageAccumulator.extending(extends) if extends is not None else MessageAccumulator(message_id)
+    )
     for body in bodies:
         accumulator.apply_body(body)
     return accumulator

@@ -76,8 +76,12 @@ class ModelLoop:
         proactive: Proactive | None = None,
         reattach: ResponseCursor | None = None,
         note_cursor: NoteCursor | None = None,
+        extends: str | None = None,
     ) -> None:
+        """`extends`: the id of the message a continuation extends; the accumulator holds it, and
+        `messages` is the history before it."""
         self.agent = agent
+        self.extends = extends
         self.proactive = proactive
         self.compactions = 0
         self.messages = messages
@@ -142,9 +146,21 @@ class ModelLoop:
         try:
             if await compact_for_overflow(self.agent, "proactive"):
                 conversation_id = self.agent._require_conversation()
-                self.messages = await db(messages_list, conversation_id=conversation_id)
+                loaded = await db(messages_list, conversation_id=conversation_id)
+                self.messages = self._before_extended(loaded)
         except Exception:
             logger.exception("proactive compaction failed; the step goes on unchanged")
+
+    def _before_extended(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The history before the message a continuation extends (the accumulator holds that one)."""
+        index = next((i for i, m in enumerate(messages) if m.get("id") == self.extends), None)
+        return messages if index is None else messages[:index]
+
+    def _last_assistant(self) -> dict[str, Any] | None:
+        """The message a human answered (approvals, a cut-off tool call): the extended one, if any."""
+        if self.extends is not None:
+            return self.accumulator.message()
+        return next((m for m in reversed(self.messages) if m.get("role") == "assistant"), None)
 
     def model_messages(self) -> list[dict[str, Any]]:
         history = list(self.messages)
@@ -179,8 +195,7 @@ class ModelLoop:
     def _reattach_blocker(self) -> str | None:
         """Why the stored generation must not be rejoined: a tool call it was streaming when the turn
         died is in the transcript as interrupted, and rejoining would emit that call a second time."""
-        last = next((m for m in reversed(self.messages) if m.get("role") == "assistant"), None)
-        for part in (last or {}).get("parts") or []:
+        for part in (self._last_assistant() or {}).get("parts") or []:
             if (
                 is_tool_part(part)
                 and part.get("state") == "output-error"
@@ -258,10 +273,10 @@ class ModelLoop:
 
     async def _run_approved(self) -> None:
         """Execute the tools a human approved in the last assistant message (their results go there)."""
-        last = next((m for m in reversed(self.messages) if m.get("role") == "assistant"), None)
+        last = self._last_assistant()
         if last is None:
             return
-        for index, part in enumerate(last.get("parts") or []):
+        for index, part in enumerate(list(last.get("parts") or [])):
             if not (is_tool_part(part) and part.get("state") == "approval-responded"):
                 continue
             if not (part.get("approval") or {}).get("approved"):
@@ -272,7 +287,9 @@ class ModelLoop:
             else:
                 outcome = await tool_execute(item, part.get("input"))
             chunk = outcome.chunk(str(part["toolCallId"]))
-            await self.emit(chunk)
+            await self.emit(chunk)  # an extended message is the accumulator's: the chunk settles it there
+            if self.extends is not None:
+                continue
             # The model of this turn sees the result in the earlier message.
             changes = {k: v for k, v in chunk.items() if k not in ("type", "toolCallId")}
             state = "output-error" if outcome.error_text is not None else "output-available"

@@ -11,11 +11,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from recovery.models import Fiber, Stream
-from recovery.stream import stream_chunks, stream_close
+from recovery.stream import stream_chunks, stream_close, stream_last_seq
 
 from .models import Conversation
 from .protocol import response_frame
-from .selectors import active_stream, messages_list, pending_turn_request_id, stream_for_request
+from .selectors import (
+    active_stream,
+    messages_list,
+    pending_turn_request_id,
+    stream_for_request,
+    stream_partial,
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,8 @@ class Replay:
     frames: list[str]
     last_seq: int  # highest chunk seq replayed (-1 when none)
     ignore: bool = False  # an ACK for a stream other than the active one
-    messages: list[dict[str, Any]] | None = None  # a finalised orphan changed the transcript
+    messages: list[dict[str, Any]] | None = None  # a finalised orphan changed the transcript: for all
+    snapshot: list[dict[str, Any]] | None = None  # the transcript, for the acking connection only
 
 
 def _orphaned(stream: Stream) -> bool:
@@ -105,15 +112,12 @@ def _finalize_orphan(stream: Stream) -> Replay:
     """Replay an orphaned stream, close it, and store the message its chunks make (reference §3.4)."""
     from django.db import transaction
 
-    from .folding import fold_bodies
     from .services import message_upsert
 
     frames, last = _replay_frames(stream)
     with transaction.atomic():
         Conversation.objects.select_for_update().filter(pk=stream.conversation_id).first()
-        chunks = stream_chunks(stream.pk)
-        partial = fold_bodies(stream.message_id, (body for _, body in chunks))
-        partial.message_id = stream.message_id
+        partial, _ = stream_partial(stream)
         if partial.has_content:
             message_upsert(conversation_id=stream.conversation_id, message=partial.message())
         stream_close(stream_id=stream.pk, status=Stream.Status.COMPLETED)
@@ -132,6 +136,21 @@ def _replay_frames(stream: Stream) -> tuple[list[str], int]:
     return frames, (chunks[-1][0] if chunks else -1)
 
 
+def _finished_replay(stream: Stream | None) -> tuple[list[str], int]:
+    """The chunks of a finished stream, for a client that ACKed it late.
+
+    A finished continuation's chunks are already in the message it extended (get-messages and the
+    transcript snapshot that follows show them), and a client appends a continuation's chunks to the
+    last assistant message: replaying them would show them twice. So they are not replayed; the
+    snapshot after the end frame brings the client up to date.
+    """
+    if stream is None:
+        return [], -1
+    if stream.is_continuation:
+        return [], stream_last_seq(stream.pk)
+    return _replay_frames(stream)
+
+
 def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
     """The frames answering cf_agent_stream_resume_ack for request_id."""
     active = active_stream(conversation_id=conversation_id)
@@ -147,10 +166,11 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
         return Replay([*frames, tail], last)
     terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
     stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
-    frames, last = _replay_frames(stream) if stream is not None else ([], -1)
+    frames, last = _finished_replay(stream)
+    snapshot = messages_list(conversation_id=conversation_id)
     if isinstance(terminal, dict) and terminal.get("requestId") == request_id:
         end = response_frame(request_id, str(terminal.get("body", "")), done=True, error=True, seq=last + 1)
-        return Replay([*frames, end], last + 1)
+        return Replay([*frames, end], last + 1, snapshot=snapshot)
     continuation = stream.is_continuation if stream is not None else False
     end = response_frame(request_id, done=True, replay=True, continuation=continuation, seq=last + 1)
-    return Replay([*frames, end], last + 1)
+    return Replay([*frames, end], last + 1, snapshot=snapshot)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from recovery.models import Fiber, Stream
+from recovery.stream import stream_chunks
 
+from .folding import MessageAccumulator, fold_bodies
 from .models import Compaction, Conversation, Message
 
 
@@ -60,3 +62,20 @@ def pending_turn_request_id(*, conversation_id: int) -> str | None:
         if not Stream.objects.filter(fiber=fiber).exists():
             return fiber.request_id
     return None
+
+
+def stream_partial(stream: Stream) -> tuple[MessageAccumulator, int]:
+    """The message a stored stream makes, and its last chunk's seq (-1 when it has none).
+
+    A continuation's stream extends a stored message, so its chunks are folded onto that message as
+    it is stored (the continuation writes it only when it finishes).
+    """
+    chunks = stream_chunks(stream.pk)
+    base = None
+    if stream.is_continuation:
+        rows = Message.objects.filter(conversation_id=stream.conversation_id, message_id=stream.message_id)
+        row = rows.first()
+        base = row.as_ui_message() if row is not None else None
+    partial = fold_bodies(stream.message_id, (body for _, body in chunks), extends=base)
+    partial.message_id = stream.message_id  # the persisted id wins over anything a chunk said
+    return partial, (chunks[-1][0] if chunks else -1)

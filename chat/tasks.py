@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError
 from celery import shared_task
 from celery.signals import task_failure, worker_process_init, worker_ready, worker_shutting_down
 
-from recovery import runtime
+from recovery import control, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,21 @@ def preload_litellm(**kwargs: object) -> None:
     load_litellm()
     with contextlib.suppress(ValueError):  # only possible from the main thread
         signal.signal(signal.SIGUSR1, lambda signum, frame: runtime.dump_tasks())
+
+
+@worker_ready.connect
+def listen_for_cancels(sender: object = None, **kwargs: object) -> None:
+    """The process that runs the turns hears cancels at once (recovery.control): the worker itself,
+    unless a prefork pool runs them in its children (they start theirs as they start, below)."""
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    if not isinstance(getattr(sender, "pool", None), PreforkPool):
+        control.start()
+
+
+@worker_process_init.connect
+def listen_for_cancels_in_child(**kwargs: object) -> None:
+    control.start()
 
 
 @task_failure.connect

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from recovery import diagnostics
+from recovery import control, diagnostics
 from recovery.detection import fiber_interrupt, fiber_release
 from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_heartbeat, worker_identity
 from recovery.models import Fiber, Stream
@@ -31,7 +31,7 @@ from .models import Conversation
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .protocol import chat_messages_frame, response_frame
 from .repair import repair_transcript
-from .selectors import messages_list
+from .selectors import messages_list, stream_partial
 from .services import TurnOutcome, transcript_repair_save, turn_finish
 from .tools import Toolset
 
@@ -43,19 +43,45 @@ ACTIVE: set[asyncio.Task[None]] = set()
 
 async def turn_run(fiber_id: str, *, on_chunk: ChunkCallback | None = None) -> TurnRunner | None:
     """Run the turn of a fiber; a duplicate delivery, or a fiber that is not pending, does nothing."""
-    claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity())
-    if claim is None:
-        logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
-        return None
-    task = asyncio.current_task()
-    assert task is not None
-    ACTIVE.add(task)
-    runner = TurnRunner(claim, on_chunk=on_chunk)
+    loop = asyncio.get_running_loop()
+    signal = _CancelSignal()
+    # Listening before the claim: a cancel can only be signalled once the claim has committed.
+    control.watch(fiber_id, lambda: loop.call_soon_threadsafe(signal.fire))
     try:
-        await runner.run()
+        claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity())
+        if claim is None:
+            logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
+            return None
+        task = asyncio.current_task()
+        assert task is not None
+        ACTIVE.add(task)
+        runner = TurnRunner(claim, on_chunk=on_chunk)
+        signal.attach(runner)
+        try:
+            await runner.run()
+        finally:
+            ACTIVE.discard(task)
+        return runner
     finally:
-        ACTIVE.discard(task)
-    return runner
+        control.unwatch(fiber_id)
+
+
+class _CancelSignal:
+    """Delivers a cancel signal to the runner of a fiber, also one that arrives before it exists."""
+
+    def __init__(self) -> None:
+        self.runner: TurnRunner | None = None
+        self.fired = False
+
+    def fire(self) -> None:
+        self.fired = True
+        if self.runner is not None:
+            self.runner.stop_for_cancel()
+
+    def attach(self, runner: TurnRunner) -> None:
+        self.runner = runner
+        if self.fired:
+            runner.stop_for_cancel()
 
 
 def shutdown_all() -> int:
@@ -63,6 +89,10 @@ def shutdown_all() -> int:
     for task in list(ACTIVE):
         task.get_loop().call_soon_threadsafe(task.cancel)
     return len(ACTIVE)
+
+
+def _stored_message(stream_id: Any) -> MessageAccumulator:
+    return stream_partial(Stream.objects.get(pk=stream_id))[0]
 
 
 def _load(conversation_id: int) -> tuple[Conversation, list[dict[str, Any]]]:
@@ -81,11 +111,19 @@ class TurnRunner:
         self.incident_id: str | None = chat_snapshot.get("incidentId")
         # A recovered turn of a model_reattach agent: the provider generation its first step rejoins.
         self.reattach = llm.ResponseCursor.from_json((claim.snapshot or {}).get("reattach"))
-        self.message_id = str(uuid.uuid4())
+        # A continuation extends the assistant message it continues (set in run); others write a new one.
+        self.extends_id: str | None = (
+            chat_snapshot.get("latestMessageId")
+            if self.continuation and chat_snapshot.get("latestMessageRole") == "assistant"
+            else None
+        )
+        self.message_id = self.extends_id or str(uuid.uuid4())
+        self.base_message: dict[str, Any] | None = None
         self.accumulator = MessageAccumulator(self.message_id)
         self.writer: StreamWriter | None = None
         self.stream_id: Any = None
         self.stop_reason: str | None = None  # "cancel", "lease" or "database"
+        self.producer: asyncio.Task[None] | None = None
         self.outcome = "interrupted"  # until the turn finishes
         self.classification: str | None = None
         self.log_extra = {"conversation_id": claim.conversation_id, "request_id": claim.request_id}
@@ -93,6 +131,10 @@ class TurnRunner:
     async def run(self) -> None:
         conversation, messages = await db(_load, self.conversation_id)
         agent = agent_for(conversation.agent, conversation.name, conversation.pk)
+        if self.extends_id is not None and not any(m["id"] == self.extends_id for m in messages):
+            self.extends_id = None  # the message it continued is gone: the continuation is a new one
+            self.message_id = str(uuid.uuid4())
+            self.accumulator = MessageAccumulator(self.message_id)
         self.client_tools = conversation.last_client_tools
         try:
             await self._open_stream()
@@ -144,7 +186,7 @@ class TurnRunner:
             continuation=self.continuation,
             publish=self._publish_frames,
         )
-        self.writer.next_seq = next_seq
+        self.writer.next_seq, self.writer.stored_seq = next_seq, next_seq - 1
 
     @property
     def fiber_name(self) -> str:
@@ -156,8 +198,21 @@ class TurnRunner:
     async def _publish_frames(self, frames: list[tuple[int, str]]) -> None:
         await broadcast.publish_frames(self.conversation_id, self.request_id, frames)
 
+    def stop_for_cancel(self) -> None:
+        """A cancel was signalled: stop producing now; nothing produced from here on is stored or sent."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = "cancel"
+        if self.writer is not None:
+            self.writer.cancel_requested = True
+        if self.producer is not None and not self.producer.done():
+            self.producer.cancel()
+
     async def _supervise(self, agent: Think, messages: list[dict[str, Any]]) -> None:
-        producer = asyncio.create_task(self._produce(agent, messages))
+        if self.stop_reason == "cancel":  # signalled before the model was called
+            await self._finish(None)
+            return
+        producer = self.producer = asyncio.create_task(self._produce(agent, messages))
         guard = asyncio.create_task(self._guard(producer))
         error: BaseException | None = None
         try:
@@ -215,6 +270,7 @@ class TurnRunner:
         attempt = 0
         while True:
             messages = await self._repair(agent, messages)
+            messages = self._extend(messages)
             loop = ModelLoop(
                 agent=agent,
                 messages=messages,
@@ -226,6 +282,7 @@ class TurnRunner:
                 proactive=overflow.proactive if overflow else None,
                 reattach=self.reattach,
                 note_cursor=self._note_cursor,
+                extends=self.extends_id if self.base_message is not None else None,
             )
             self.reattach = None  # a second run of the loop (overflow retry) starts a new generation
             try:
@@ -236,6 +293,25 @@ class TurnRunner:
                     raise
             attempt += 1
             messages = await db(messages_list, conversation_id=self.conversation_id)
+
+    def _extend(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The history the model loop sees; a continuation's message moves into the accumulator.
+
+        The continuation folds its chunks onto that message (as clients do, told by
+        `continuation: true`) and stores it whole when it finishes; the model sees the history
+        before it, then the message as the accumulator holds it. Messages queued after it are
+        answered by their own turns.
+        """
+        if self.extends_id is None:
+            return messages
+        index = next((i for i, m in enumerate(messages) if m["id"] == self.extends_id), None)
+        history = messages
+        if index is not None:
+            self.base_message, history = messages[index], messages[:index]
+        # (A compaction between two attempts may hide it: the attempt extends the copy seen first.)
+        if self.base_message is not None:
+            self.accumulator = MessageAccumulator.extending(self.base_message)
+        return history
 
     async def _overflow_retry(self, agent: Think, error: Exception, attempt: int) -> bool:
         """Reactive layer: drop the partial, compact, and run the same turn again (reference §6.3)."""
@@ -258,8 +334,9 @@ class TurnRunner:
         assert self.writer is not None
         await self.writer.flush()
         await db(stream_close, stream_id=self.stream_id, status=Stream.Status.COMPLETED)
-        self.message_id = str(uuid.uuid4())
-        self.accumulator = MessageAccumulator(self.message_id)
+        if self.extends_id is None:
+            self.message_id = str(uuid.uuid4())
+        self.accumulator = MessageAccumulator(self.message_id)  # a continuation's is reset by _extend
         await self._open_stream(next_seq=self.writer.next_seq)
 
     async def _repair(self, agent: Think, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -380,7 +457,14 @@ class TurnRunner:
             logger.warning("turn failed: %s", llm.error_text(error), extra=self.log_extra)
         text = await self._error_text(error) if error is not None else ""
         try:
-            await self.writer.flush()
+            if self.stop_reason != "cancel":
+                await self.writer.flush()
+            if self.stop_reason == "cancel" or self.writer.cancel_requested:
+                # Stopped: the answer is what was stored (and so sent), not what the model made since.
+                self.stop_reason, error = "cancel", None
+                await self.writer.stop()
+                if think_setting("STREAM_PERSIST"):
+                    self.accumulator = await db(_stored_message, self.stream_id)
             outcome, wire_outcome = self._outcome(error, text)
             await db(
                 turn_finish,
@@ -400,8 +484,6 @@ class TurnRunner:
             await settle_recovered_turn(
                 conversation=conversation, incident_id=self.incident_id, outcome=wire_outcome
             )
-        messages = await db(messages_list, conversation_id=self.conversation_id)
-        await broadcast.publish(self.conversation_id, chat_messages_frame(messages))
         self.outcome = wire_outcome
         event = "fiber:run:completed" if wire_outcome != "error" else "fiber:run:failed"
         self._emit_event(event, {"fiberId": str(self.claim.fiber_id), "fiberName": self.fiber_name})
@@ -416,6 +498,10 @@ class TurnRunner:
             outcome=wire_outcome,
         )
         await broadcast.publish_stream_end(self.conversation_id, self.request_id, seq, done)
+        # The stored transcript after the end frame: the published hook keeps its own copy of a
+        # message it streams until that frame (even a stopped one), and takes the snapshot after it.
+        messages = await db(messages_list, conversation_id=self.conversation_id)
+        await broadcast.publish(self.conversation_id, chat_messages_frame(messages))
         logger.info("turn %s (%s chunks)", wire_outcome, seq, extra=self.log_extra)
 
     async def _abandon(self) -> None:

@@ -200,10 +200,8 @@ class _Callback:
 
 def _give_up_target(*, conversation_id: int, incident: Incident) -> RecoveryTarget:
     """A synthetic target for a give-up with no interrupted fiber at hand: the newest stream of the turn."""
-    from chat.folding import fold_bodies
-    from chat.selectors import messages_list
-
-    from .stream import stream_chunks
+    from chat.folding import MessageAccumulator
+    from chat.selectors import messages_list, stream_partial
 
     conversation = Conversation.objects.get(pk=conversation_id)
     fiber = Fiber.objects.filter(conversation=conversation, request_id=incident.request_id).first() or Fiber(
@@ -214,17 +212,20 @@ def _give_up_target(*, conversation_id: int, incident: Incident) -> RecoveryTarg
         .order_by("-created_at")
         .first()
     )
-    chunks = (
-        stream_chunks(stream.pk) if stream is not None and stream.status == Stream.Status.STREAMING else []
+    open_stream = stream if stream is not None and stream.status == Stream.Status.STREAMING else None
+    partial, last_seq = (
+        stream_partial(open_stream)
+        if open_stream is not None
+        else (MessageAccumulator(stream.message_id if stream else ""), -1)
     )
     return RecoveryTarget(
         fiber=fiber,
         conversation=conversation,
         snapshot=None,
         recovery_data=None,
-        stream=stream if stream is not None and stream.status == Stream.Status.STREAMING else None,
-        partial=fold_bodies(stream.message_id if stream else "", (b for _, b in chunks)),
-        last_seq=chunks[-1][0] if chunks else -1,
+        stream=open_stream,
+        partial=partial,
+        last_seq=last_seq,
         messages=messages_list(conversation_id=conversation_id),
     )
 

@@ -228,8 +228,9 @@ async def _close_orphan_stream(recovery: Recovery, *, outcome: str, error: str |
         continuation=target.stream.is_continuation,
         outcome=outcome,
     )
-    await broadcast.publish(target.conversation.pk, chat_messages_frame(target.messages))
     await broadcast.publish_stream_end(target.conversation.pk, target.request_id, seq, frame)
+    # After the end frame, as a turn's own finish does (chat.turns): clients take it as the truth.
+    await broadcast.publish(target.conversation.pk, chat_messages_frame(target.messages))
 
 
 async def _dispatch(recovery: Recovery, incident: Incident, options: ChatRecoveryOptions) -> None:

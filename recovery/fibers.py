@@ -113,12 +113,25 @@ def fiber_finish(*, fiber_id: Any, fencing: int, status: str, error: str = "") -
 
 
 def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
-    """Ask the fiber of a request to stop; a pending one is cancelled at once."""
+    """Ask the fiber of a request to stop; a pending one is cancelled at once.
+
+    A running one gets the flag, and its worker the signal (`recovery.control`) when it commits.
+    """
+    from .control import notify_cancel
+
     fibers = Fiber.objects.filter(conversation_id=conversation_id, request_id=request_id)
-    fibers.filter(status=Fiber.Status.PENDING).update(
-        status=Fiber.Status.CANCELLED, finished_at=Now(), fencing=F("fencing") + 1
-    )
-    return bool(fibers.filter(status=Fiber.Status.RUNNING).update(cancel_requested=True))
+    with transaction.atomic():
+        fibers.filter(status=Fiber.Status.PENDING).update(
+            status=Fiber.Status.CANCELLED, finished_at=Now(), fencing=F("fencing") + 1
+        )
+        running = list(fibers.filter(status=Fiber.Status.RUNNING).values_list("pk", flat=True))
+        asked = Fiber.objects.filter(pk__in=running, status=Fiber.Status.RUNNING)
+        if not running or not asked.update(cancel_requested=True):
+            return False
+        with connection.cursor() as cursor:
+            for fiber_id in running:
+                notify_cancel(cursor, fiber_id)
+    return True
 
 
 def fibers_fence_out(*, conversation_id: int) -> int:

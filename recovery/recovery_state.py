@@ -9,15 +9,15 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
-from chat.folding import MessageAccumulator, fold_bodies
+from chat.folding import MessageAccumulator
 from chat.interactions import foreign_updates_apply
 from chat.models import Conversation
-from chat.selectors import messages_list
+from chat.selectors import messages_list, stream_partial
 from chat.services import interactions_settle, message_place
 
 from .incidents import RECOVERING_FLAG_TTL_MS
 from .models import Fiber, Stream
-from .stream import stream_chunks, stream_close
+from .stream import stream_close
 
 
 def unwrap_snapshot(snapshot: Any) -> tuple[dict[str, Any] | None, Any]:
@@ -114,10 +114,7 @@ def load_target(*, fiber_id: Any) -> RecoveryTarget | None:
         return None
     snapshot, stash = unwrap_snapshot(fiber.snapshot)
     stream = Stream.objects.filter(fiber=fiber).order_by("-created_at").first()
-    chunks = stream_chunks(stream.pk) if stream is not None else []
-    partial = fold_bodies(stream.message_id if stream else "", (body for _, body in chunks))
-    if stream is not None:
-        partial.message_id = stream.message_id  # the persisted id wins over anything a chunk said
+    partial, last_seq = stream_partial(stream) if stream is not None else (MessageAccumulator(""), -1)
     return RecoveryTarget(
         fiber=fiber,
         conversation=fiber.conversation,
@@ -125,7 +122,7 @@ def load_target(*, fiber_id: Any) -> RecoveryTarget | None:
         recovery_data=stash,
         stream=stream,
         partial=partial,
-        last_seq=chunks[-1][0] if chunks else -1,
+        last_seq=last_seq,
         messages=messages_list(conversation_id=fiber.conversation_id),
     )
 

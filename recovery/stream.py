@@ -59,24 +59,29 @@ Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
 
 @dataclass(frozen=True)
 class SegmentWrite:
-    cancel_requested: bool
+    cancel_requested: bool  # the turn was asked to stop: the segment was not written
 
 
+# A requested cancel refuses the segment in the same statement: once the cancel has committed, no
+# chunk of the turn is stored (and so none is sent), however late the worker hears of it.
 _APPEND_SQL = """
 WITH lease AS (
     UPDATE {fiber} SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now(),
-        snapshot = CASE WHEN %(reattach)s::jsonb IS NULL THEN snapshot
+        snapshot = CASE WHEN %(reattach)s::jsonb IS NULL OR cancel_requested THEN snapshot
             ELSE jsonb_set(COALESCE(snapshot, '{{}}'::jsonb), '{{reattach}}', %(reattach)s::jsonb) END
     WHERE id = %(fiber_id)s AND fencing = %(fencing)s AND status = 'running'
     RETURNING conversation_id, cancel_requested
 ), progress AS (
     UPDATE {conversation} AS c SET progress = c.progress + %(credit)s
-    FROM lease WHERE c.id = lease.conversation_id AND %(credit)s > 0
+    FROM lease WHERE c.id = lease.conversation_id AND %(credit)s > 0 AND NOT lease.cancel_requested
     RETURNING c.id
+), segment AS (
+    INSERT INTO {segment} (stream_id, seq_start, seq_end, body, fencing, created_at)
+    SELECT %(stream_id)s, %(seq_start)s, %(seq_end)s, %(body)s, %(fencing)s, now()
+    FROM lease WHERE NOT lease.cancel_requested
+    RETURNING 1
 )
-INSERT INTO {segment} (stream_id, seq_start, seq_end, body, fencing, created_at)
-SELECT %(stream_id)s, %(seq_start)s, %(seq_end)s, %(body)s, %(fencing)s, now() FROM lease
-RETURNING (SELECT cancel_requested FROM lease)
+SELECT cancel_requested FROM lease
 """
 
 
@@ -91,8 +96,9 @@ def segment_append(
     credit: int,
     reattach: str | None = None,
 ) -> SegmentWrite | None:
-    """Write one segment if the fiber is still ours (None otherwise), renewing its lease; `reattach` (a
-    provider cursor, JSON) becomes the snapshot's "reattach" entry."""
+    """Write one segment if the fiber is still ours (None otherwise) and not asked to stop (then
+    nothing is written), renewing its lease; `reattach` (a provider cursor, JSON) becomes the
+    snapshot's "reattach" entry."""
     sql = _APPEND_SQL.format(
         fiber=Fiber._meta.db_table, conversation=Conversation._meta.db_table, segment=Segment._meta.db_table
     )
@@ -144,6 +150,12 @@ def stream_chunks(stream_id: Any, *, after_seq: int = -1) -> list[tuple[int, str
     return chunks
 
 
+def stream_last_seq(stream_id: Any) -> int:
+    """The seq of a stream's last stored chunk (-1 when it has none)."""
+    last = Segment.objects.filter(stream_id=stream_id).order_by("-seq_end").values_list("seq_end", flat=True)
+    return next(iter(last[:1]), -1)
+
+
 def stream_close(*, stream_id: Any, status: str) -> None:
     Stream.objects.filter(pk=stream_id, status=Stream.Status.STREAMING).update(
         status=status, completed_at=timezone.now()
@@ -169,6 +181,7 @@ class StreamWriter:
         self.continuation = continuation
         self.publish = publish
         self.next_seq = 0
+        self.stored_seq = -1  # the last chunk stored (and published)
         self.cancel_requested = False
         self.last_write = time.monotonic()
         self._request_id_json = dumps(request_id)
@@ -239,23 +252,44 @@ class StreamWriter:
         return max(0.0, self._buffered_since + self._flush_interval - time.monotonic())
 
     async def flush(self) -> None:
-        """Write the buffer as one segment, then publish its frames. Raises LeaseLost when fenced out."""
+        """Write the buffer as one segment, then publish its frames. Raises LeaseLost when fenced out.
+
+        Once the turn is asked to stop, the buffer is dropped instead: nothing more is stored or sent.
+        """
         async with self._lock:
             if not self._buffer:
                 return
+            if self.cancel_requested:
+                self.discard()
+                return
             batch, credit, since, cursor = self._buffer, self._credit, self._buffered_since, self._cursor
             self._buffer, self._buffer_bytes, self._credit, self._cursor = [], 0, 0, None
-            if self._persist:
-                await self._write(batch, credit, cursor)
+            if self._persist and not await self._write(batch, credit, cursor):
+                self.next_seq = self.stored_seq + 1  # refused: the cancel committed first
+                return
             self._flushed_any = True
+            self.stored_seq = batch[-1][0]
             await self.publish([(seq, frame) for seq, _, frame in batch])
             # Per batch, never per chunk: the oldest chunk's wait is the batch's worst latency.
             metrics.flush_observed(chunks=len(batch), oldest_age_s=time.monotonic() - since)
 
+    async def stop(self) -> None:
+        """The turn was asked to stop: wait for a flush in flight, then drop what is buffered."""
+        async with self._lock:
+            self.cancel_requested = True
+            self.discard()
+
+    def discard(self) -> None:
+        """Drop what is buffered (a stopped turn): the stream ends after the last stored chunk."""
+        self._buffer, self._buffer_bytes, self._credit, self._cursor = [], 0, 0, None
+        self.next_seq = self.stored_seq + 1
+
     async def _write(
         self, batch: list[tuple[int, str, str]], credit: int, cursor: dict[str, Any] | None = None
-    ) -> None:
-        """The segment write: one fenced statement that also renews the lease and credits progress."""
+    ) -> bool:
+        """The segment write: one fenced statement that also renews the lease and credits progress.
+
+        False when a cancel refused it (nothing was written)."""
         result = await db(
             segment_append,
             fiber_id=self.fiber_id,
@@ -270,4 +304,7 @@ class StreamWriter:
         if result is None:
             raise LeaseLost(f"fiber {self.fiber_id} fencing {self.fencing}")
         self.last_write = time.monotonic()
-        self.cancel_requested = self.cancel_requested or result.cancel_requested
+        if result.cancel_requested:
+            self.cancel_requested = True
+            return False
+        return True

@@ -74,8 +74,9 @@ class Stack:
         self.workers: list[Proc] = []
         self.daphne, self.port = start_daphne(env, log_dir)
 
-    def start_worker(self, **kwargs: Any) -> Proc:
-        worker = start_worker(self.env, self.log_dir, **kwargs)
+    def start_worker(self, *, env: dict[str, str] | None = None, **kwargs: Any) -> Proc:
+        """A worker of this stack; `env` adds to the stack's environment (settings knobs)."""
+        worker = start_worker({**self.env, **(env or {})}, self.log_dir, **kwargs)
         self.workers.append(worker)
         return worker
 

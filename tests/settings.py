@@ -49,5 +49,10 @@ THINK = {
         "both-layers-agent": "tests.agents.BothLayersAgent",
     },
 }
+# A stack may stretch the lease, to show what happens before a heartbeat (tests/e2e/test_stop.py).
+for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S"):
+    if os.environ.get(f"THINK_TEST_{_key}"):
+        THINK[_key] = float(os.environ[f"THINK_TEST_{_key}"])
+ROOT_URLCONF = "tests.urls"
 SECRET_KEY = "tests-only"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -179,6 +179,8 @@ if os.environ.get("THINK_STREAM_PERSIST") == "0":  # benchmarks only: measures w
     THINK["STREAM_PERSIST"] = False
 if os.environ.get("SCRIPTED_MODEL_URL"):
     THINK["SCRIPTED_MODEL_URL"] = os.environ["SCRIPTED_MODEL_URL"]
+if os.environ.get("THINK_CANCEL_SIGNALS") == "0":  # behind PgBouncer in transaction mode (docs/operations.md)
+    THINK["CANCEL_SIGNALS"] = False
 
 LOGGING = {
     "version": 1,

@@ -208,9 +208,21 @@ def test_tool_call_without_arguments_delta_has_empty_object_input() -> None:
 def test_tool_call_without_id_gets_a_stable_generated_id() -> None:
     chunker = UIChunker("msg-9")
     chunks = chunker.feed(ToolCallDelta(2, None, "f", "{}"))
-    assert chunks[0] == {"type": "tool-input-start", "toolCallId": "call_msg-9_2", "toolName": "f"}
+    call_id = chunks[0]["toolCallId"]
+    assert call_id.startswith("call_")
+    assert chunks[0] == {"type": "tool-input-start", "toolCallId": call_id, "toolName": "f"}
     assert chunker.feed(ToolCallDelta(2, None, None, "")) == []
-    assert chunker.feed(StepFinish("tool_calls"))[0]["toolCallId"] == "call_msg-9_2"
+    assert chunker.feed(StepFinish("tool_calls"))[0]["toolCallId"] == call_id
+
+
+def test_generated_tool_call_ids_never_repeat_across_steps_or_continuations() -> None:
+    """A continuation extends the same message: an id from the message id and index would repeat."""
+    ids = set()
+    for _ in range(3):  # a step, the next one, and a continuation of the same message
+        chunker = UIChunker("msg-9")
+        ids.add(chunker.feed(ToolCallDelta(0, None, "f", "{}"))[0]["toolCallId"])
+        chunker.feed(StepFinish("tool_calls"))
+    assert len(ids) == 3
 
 
 def test_tool_call_without_name() -> None:

@@ -205,7 +205,9 @@ async def follow_after_fault(client: ChatClient, log: ConversationLog, expected:
     """A client that connected after the fault: ACK every resume offer, follow until the turn ends."""
 
     def done(log: ConversationLog) -> bool:
-        return log.finished or bool(log.messages and assistant_text(log.messages[-1]) == expected)
+        # The transcript follows a turn's done frame: wait for it, unless the turn ended in an error.
+        ended_in_error = any(s.errors for s in log.streams.values())
+        return ended_in_error or bool(log.messages and assistant_text(log.messages[-1]) == expected)
 
     deadline = time.monotonic() + timeout
     while not done(log):

@@ -212,12 +212,14 @@ def test_a_client_tool_round_trip(stack: Any, node: str) -> None:
     assert second["text"] == expected
 
     transcript = get_messages(stack.port, TOOL_AGENT, name)
-    assert [m["role"] for m in transcript] == ["user", "assistant", "assistant"]
+    # The continuation extended the message that made the call (continuation: true says so).
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert transcript[1]["id"] == result["updated"]["id"]
     [stored] = [p for p in transcript[1]["parts"] if p.get("toolCallId") == part["toolCallId"]]
     assert stored["state"] == "output-available" and stored["output"] == output
-    assert message_text(transcript[2]) == expected
-    # A continuation names no message: the client appends it to the one it continues, and the stored
-    # id arrives with cf_agent_chat_messages.
+    assert message_text(transcript[1]) == expected
+    assert result["broadcast"] == transcript, "the transcript sent after the done frame is the store"
+    # A continuation names no message: the client appends it to the one it continues.
     assert next(f["body"] for f in continuation if f["body"]) == {"type": "start"}
     fiber = Fiber.objects.get(request_id=continuation_id)
     assert fiber.kind == Fiber.Kind.CONTINUE and fiber.status == Fiber.Status.COMPLETED
@@ -269,10 +271,11 @@ def test_a_tool_approval_round_trip(approval_run: dict[str, Any]) -> None:
     assert continuation[-1]["done"] is True and continuation[-1]["outcome"] == "completed"
 
     assert approval_run["runs"] == 1, "the approved tool ran once"
-    assert [m["role"] for m in transcript] == ["user", "assistant", "assistant"]
+    assert [m["role"] for m in transcript] == ["user", "assistant"], "the continuation extended it"
     [stored] = [p for p in transcript[1]["parts"] if p.get("toolCallId") == part["toolCallId"]]
     assert stored["state"] == "output-available" and stored["output"] == f"deleted {tag}"
-    assert message_text(transcript[2]) == f"Tool delete_file returned: deleted {tag}"
+    assert message_text(transcript[1]) == f"Tool delete_file returned: deleted {tag}"
+    assert result["broadcast"] == transcript, "the transcript sent after the done frame is the store"
 
 
 def test_the_approval_continuation_folds_onto_the_approved_call(approval_run: dict[str, Any]) -> None:

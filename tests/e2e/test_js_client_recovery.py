@@ -84,8 +84,8 @@ def test_the_client_follows_a_recovery_after_the_worker_is_killed(recovery_stack
     assert second["errors"] == []
     assert first["text"] + second["text"] == numbers(60)
     transcript = get_messages(recovery_stack.port, "assistant", name)
-    assert [m["role"] for m in transcript] == ["user", "assistant", "assistant"]
-    assert transcript[1]["id"] == first["message"]["id"], "the partial is stored under the id the client saw"
+    assert [m["role"] for m in transcript] == ["user", "assistant"], "the continuation extended the partial"
+    assert transcript[1]["id"] == first["message"]["id"], "the answer is stored under the id the client saw"
     first_chunk = next(f["body"] for f in after_ack if f["body"])
     assert first_chunk == {"type": "start"}, "a continuation names no message"
     assert assistant_text(transcript) == numbers(60)

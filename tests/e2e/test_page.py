@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import assistant_text
+from tests.support import assistant_text, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -42,11 +42,21 @@ def allow_sync_db_beside_playwright() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
+    playwright = sync_api()
+    require(os.path.exists(CHROMIUM), f"no Chromium at {CHROMIUM}: apt-get install chromium")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield browser
         browser.close()
+
+
+def sync_api() -> Any:
+    """playwright.sync_api (its Python package only: the browser is Debian's Chromium)."""
+    try:
+        from playwright import sync_api
+    except ImportError:
+        require(False, "playwright is not installed: pip install -e '.[dev]'")
+    return sync_api
 
 
 def open_page(browser: Any, port: int, name: str) -> Any:
@@ -141,6 +151,8 @@ def test_answer_a_client_tool_from_the_page(stack: Any, browser: Any) -> None:
     assert page.input_value("form[data-action='answer'] input") == "Ada", "typing survives re-renders"
     page.click("form[data-action='answer'] button")
     wait_for_text(page, 'Tool ask_user returned: {"answer": "Ada"}')
+    # The continuation has finished (and stored its message) before the test's database is flushed.
+    page.wait_for_function("window.thinkChat.status() === 'idle'", timeout=10_000)
     page.close()
 
 

@@ -99,7 +99,10 @@ async def test_continue_last_turn_skips_unless_the_leaf_is_an_assistant_message(
     assert last_request[-1]["role"] == "user" and last_request[-1]["content"].startswith("Continue your")
     assert last_request[-2] == {"role": "assistant", "content": "1 2 3"}
     messages = await sync_to_async(agent.messages)()
-    assert texts(messages) == [("user", "count to 6"), ("assistant", "1 2 3"), ("assistant", " 4 5 6")]
+    # The continuation extended the answer it continued: one message, its parts in order.
+    assert texts(messages) == [("user", "count to 6"), ("assistant", "1 2 3 4 5 6")]
+    assert messages[1]["id"] == "assistant-1" and stream.message_id == "assistant-1"
+    assert [p.get("text") for p in messages[1]["parts"] if p["type"] == "text"] == ["1 2 3", " 4 5 6"]
 
 
 def stored_exchange(agent: Think, question: str, answer: str) -> None:

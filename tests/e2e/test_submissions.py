@@ -20,7 +20,7 @@ from chat.submissions import (
     SubmissionNotFound,
     submissions_sweep,
 )
-from recovery.models import Fiber
+from recovery.models import Fiber, Segment
 from tests.support import TEST_PRINCIPAL, ChatClient, chat_request, numbers, user_message, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -154,7 +154,7 @@ def test_cancelling_a_running_submission_is_not_overwritten_by_its_turn(transact
     result = agent.submit_messages(["count to 200 [rate 20]"])
     wait_status(agent, result.submission_id, "running")
     wait_until(
-        lambda: Fiber.objects.filter(request_id=result.request_id, status="running").exists(), 15, "run"
+        lambda: Segment.objects.filter(stream__request_id=result.request_id).exists(), 15, "a stored chunk"
     )
     assert agent.cancel_submission(result.submission_id)
     wait_until(

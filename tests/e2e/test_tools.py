@@ -18,6 +18,7 @@ from tests.support import (
     ChatClient,
     ConversationLog,
     StreamLog,
+    assistant_text,
     chat_request,
     follow_conversation,
     user_message,
@@ -147,9 +148,13 @@ async def test_a_client_tool_round_trip_continues_automatically(stack: Any) -> N
     stream = followed.streams[continuation_id]
     assert all(c.get("type") for _, c in stream.chunks)
     assert stream.text == 'Tool get_location returned: {"city": "Lisbon"}'
+    answered_id = updated["message"]["id"]
     messages = await transcript(name)
-    assert [m["role"] for m in messages] == ["user", "assistant", "assistant"]
+    # The continuation extended the message that asked for the tool: call, result and answer in one.
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1]["id"] == answered_id
     assert tool_parts(messages[1])[0]["state"] == "output-available"
+    assert assistant_text(messages) == stream.text
+    assert [p["type"] for p in messages[1]["parts"]][-1] == "text"
     fiber = await Fiber.objects.aget(request_id=continuation_id)
     assert fiber.kind == Fiber.Kind.CONTINUE and fiber.snapshot["chat"]["continuation"] is True
 
@@ -216,7 +221,8 @@ async def test_an_approval_round_trip(stack: Any, approved: bool) -> None:
         assert settled["state"] == "output-denied"
         assert stream.text == "Tool delete_file returned: The user denied this tool call."
         assert await sync_to_async(tool_runs)(t) == 0
-    assert [m["role"] for m in messages] == ["user", "assistant", "assistant"]
+    assert [m["role"] for m in messages] == ["user", "assistant"], "the continuation extended the message"
+    assert assistant_text(messages) == stream.text
 
 
 async def test_approval_without_auto_continue_waits(stack: Any) -> None:

@@ -260,13 +260,14 @@ async function followToolContinuation(tab, requestId, from, message) {
     second = await fold(observedStream(tab, continuationId), { message, what: "the observed continuation" });
   }
   // The fold may stop early (on a chunk it cannot apply); the frames still come until the server's done.
-  await tab.waitFrame(doneFrame(continuationId), "the continuation's done frame", 10000);
+  const done = await tab.waitFrame(doneFrame(continuationId), "the continuation's done frame", 10000);
   const updated = await tab.waitFrame((f) => f.type === "cf_agent_message_updated", "cf_agent_message_updated", 5000, from);
+  // The transcript the server sends after the continuation's done frame: the continued message, whole.
   const messages = await tab.waitFrame(
-    (f) => f.type === "cf_agent_chat_messages" && f.messages.length >= 3,
-    "the transcript with the continuation",
+    (f) => f.type === "cf_agent_chat_messages",
+    "the transcript after the continuation",
     5000,
-    from,
+    tab.received.indexOf(done) + 1,
   );
   return { continuationId, via, second, updated: updated.message, broadcast: messages.messages };
 }

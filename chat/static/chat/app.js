@@ -146,9 +146,8 @@
       const mine = findMessage(stream.messageId);
       if (!mine) continue;
       const i = incoming.findIndex((m) => m.id === mine.id);
-      // A continuation folds onto the message it continues; once the server lists a message after
-      // that one, it has stored the continuation as its own message, and the server's list wins.
-      if (stream.continuation && i >= 0 && i < incoming.length - 1) continue;
+      // A continuation folds onto the message it continues, which the server stores whole when it
+      // finishes: until then, our copy is ahead of the server's.
       if (i >= 0) incoming[i] = mine;
       else incoming.push(mine);
     }
