@@ -16,9 +16,7 @@ import urllib.request
 import uuid
 from typing import Any
 
-import pytest
-
-from tests.support import ROOT, access_token, auth_headers
+from tests.support import ROOT, access_token, auth_headers, require
 
 JS_DIR = ROOT / "tests" / "js"
 SCRIPT = JS_DIR / "scenarios.mjs"
@@ -48,8 +46,7 @@ def _install() -> str:
 def node_with_packages() -> str:
     """The node executable, with tests/js installed; skips the test when Node.js is missing."""
     node = _install()
-    if not node:
-        pytest.skip("node is not installed: the JS client suite needs Node.js (20+) and npm")
+    require(bool(node), "node is not installed: the JS client suite needs Node.js (20+) and npm")
     return node
 
 

@@ -30,6 +30,7 @@ from django.conf import settings
 
 from chat.models import Conversation
 from recovery.models import Fiber
+from tests.e2e.test_page import sync_api
 from tests.support import (
     ROOT,
     ChatClient,
@@ -38,6 +39,7 @@ from tests.support import (
     chat_request,
     follow_conversation,
     numbers,
+    require,
     start_beat,
     start_daphne,
     start_worker,
@@ -191,11 +193,11 @@ async def test_a_turn_streams_under_the_prefix(host: HostSite, worker: Proc, ses
 def test_the_page_connects_under_the_prefix(host: HostSite, worker: Proc, session: str) -> None:
     """The page served at /support/ opens its socket and fetches its transcript under /support/."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if chromium is None:
-        pytest.skip("no chromium")
+    playwright_api = sync_api()
+    require(chromium is not None, "no Chromium: apt-get install chromium")
+    assert chromium is not None
     name = new_name("page")
-    with sync_api.sync_playwright() as playwright:
+    with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         try:
             context = browser.new_context()

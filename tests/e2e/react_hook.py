@@ -1,0 +1,153 @@
+"""The published React hook in Chromium: tests/js/hook/app.jsx, built with esbuild from the locked
+packages (tests/js) and served by the test server itself at /__hook__/ (tests/urls.py), so the
+socket and get-messages carry the visitor's session cookie as in any site that serves its own app.
+
+What a person sees is read from the page (`screen`); what the hook holds, from `window.hook`; what the
+server stored, from Postgres. The tests ask that all three agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.js_client import JS_DIR, node_with_packages
+from tests.hook_paths import HOOK_DIST
+
+HOOK_DIR = JS_DIR / "hook"
+
+
+@functools.cache
+def build_bundle() -> Path:
+    """Bundle the app into HOOK_DIST (a fraction of a second); fails, never skips, when it breaks."""
+    node_with_packages()
+    esbuild = JS_DIR / "node_modules" / ".bin" / "esbuild"
+    HOOK_DIST.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=HOOK_DIST.parent) as scratch:
+        result = subprocess.run(
+            [
+                str(esbuild),
+                str(HOOK_DIR / "app.jsx"),
+                "--bundle",
+                "--format=iife",
+                "--platform=browser",
+                "--jsx=automatic",
+                '--define:process.env.NODE_ENV="production"',
+                "--log-level=warning",
+                f"--outfile={Path(scratch) / 'app.js'}",
+            ],
+            cwd=JS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, f"esbuild failed:\n{result.stdout}\n{result.stderr}"
+        (Path(scratch) / "index.html").write_text((HOOK_DIR / "index.html").read_text())
+        for name in ("app.js", "index.html"):  # whole files only, even with another run beside this one
+            os.replace(Path(scratch) / name, HOOK_DIST / name)
+    return HOOK_DIST
+
+
+def new_tab(context: Any, port: int, agent: str, name: str) -> Any:
+    """A tab of the app on conversation `agent/name`, its hook mounted and its first probe answered."""
+    base = f"http://127.0.0.1:{port}"
+    if not any(c["name"] == "sessionid" for c in context.cookies(base)):
+        context.request.get(f"{base}/")  # the demo gives each visitor an anonymous session
+    page = context.new_page()
+    errors: list[str] = []
+    logs: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda message: logs.append(f"{message.type}: {message.text}"))
+    sent: list[dict[str, Any]] = []
+    received: list[dict[str, Any]] = []
+
+    def on_socket(socket: Any) -> None:
+        socket.on("framesent", lambda payload: sent.append(_frame(payload)))
+        socket.on("framereceived", lambda payload: received.append(_frame(payload)))
+
+    page.on("websocket", on_socket)
+    page.errors, page.logs, page.sent, page.received = errors, logs, sent, received
+    page.goto(f"{base}/__hook__/index.html#agent={agent}&name={name}")
+    page.wait_for_function("window.hook && window.hook.ready", timeout=15_000)
+    page.wait_for_function("window.hook.status() === 'ready'", timeout=15_000)
+    return page
+
+
+def _frame(payload: Any) -> dict[str, Any]:
+    try:
+        frame = json.loads(payload)
+    except (TypeError, ValueError):
+        return {"type": "<not json>"}
+    return frame if isinstance(frame, dict) else {"type": "<not an object>"}
+
+
+def screen(page: Any) -> list[dict[str, str]]:
+    """The messages as rendered: role, id and the text of each bubble."""
+    return page.eval_on_selector_all(  # type: ignore[no-any-return]
+        "#messages .message",
+        "els => els.map(e => ({role: e.dataset.role, id: e.dataset.id, text: e.innerText}))",
+    )
+
+
+def part_text(part: dict[str, Any]) -> str:
+    """What app.jsx renders for a part (the same rules, to compare a stored message with the screen)."""
+    kind = part["type"]
+    if kind in ("text", "reasoning"):
+        return str(part.get("text", ""))
+    if kind == "step-start":
+        return ""
+    if kind.startswith("tool-") or kind == "dynamic-tool":
+        name = part.get("toolName") if kind == "dynamic-tool" else kind[5:]
+        output = (
+            ""
+            if "output" not in part
+            else " " + json.dumps(part["output"], separators=(",", ":"), ensure_ascii=False)
+        )
+        return f"[{name} {part.get('state')}{output}]"
+    return f"[{kind}]"
+
+
+def rendered(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """How app.jsx shows a stored transcript."""
+    return [
+        {"role": m["role"], "id": m["id"], "text": "".join(part_text(p) for p in m["parts"])}
+        for m in messages
+    ]
+
+
+def hook_messages(page: Any) -> list[dict[str, Any]]:
+    return page.evaluate("window.hook.messages()")  # type: ignore[no-any-return]
+
+
+def wait_idle(page: Any, timeout_ms: int = 60_000) -> None:
+    """The hook is ready and no stream, its own or observed, is going on."""
+    page.wait_for_function(
+        "window.hook.status() === 'ready' && !window.hook.isServerStreaming()", timeout=timeout_ms
+    )
+
+
+def wait_text(page: Any, needle: str, timeout_ms: int = 30_000) -> None:
+    page.wait_for_function(
+        "needle => [...document.querySelectorAll('#messages .message[data-role=assistant]')]"
+        ".some(e => e.innerText.includes(needle))",
+        arg=needle,
+        timeout=timeout_ms,
+    )
+
+
+def settle(check: Any, timeout: float = 10, interval: float = 0.1) -> Any:
+    """Poll `check` until it returns without an AssertionError (the last one is raised)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(interval)

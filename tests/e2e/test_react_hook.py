@@ -1,0 +1,227 @@
+"""The published React hook (`useAgentChat`, agents@0.32.0, ai@7, React 19) in headless Chromium.
+
+Each scenario asks that the screen, the hook's state and the store agree: a plain stream, a reload
+mid-stream, a worker killed mid-stream (the live screen holds the answer once, with no reload), a stop
+(the screen shows what is stored, and a later turn never changes it), a server tool, an approval, a
+client tool, and two tabs on one conversation.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.react_hook import (
+    build_bundle,
+    hook_messages,
+    new_tab,
+    rendered,
+    screen,
+    settle,
+    wait_idle,
+    wait_text,
+)
+from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
+from tests.support import numbers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+AGENT = "assistant"
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    return build_bundle()
+
+
+@pytest.fixture
+def context(browser: Any) -> Iterator[Any]:  # noqa: F811
+    context = browser.new_context()
+    yield context
+    context.close()
+
+
+def new_name(tag: str) -> str:
+    return f"hook-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def stored(name: str) -> list[dict[str, Any]]:
+    from chat.selectors import conversation_get, messages_list
+
+    conversation = conversation_get(agent=AGENT, name=name)
+    return [] if conversation is None else messages_list(conversation_id=conversation.pk)
+
+
+def assert_agree(page: Any, name: str) -> list[dict[str, Any]]:
+    """Screen, hook and store show the same messages, in the same order, with the same ids."""
+    transcript = stored(name)
+    assert screen(page) == rendered(transcript)
+    assert [(m["id"], m["role"]) for m in hook_messages(page)] == [(m["id"], m["role"]) for m in transcript]
+    return transcript
+
+
+def finished(page: Any, name: str, *, answers: int = 1, timeout: float = 60) -> list[dict[str, Any]]:
+    """Wait for `answers` assistant messages to be stored and for the page to agree with them."""
+
+    def check() -> list[dict[str, Any]]:
+        transcript = stored(name)
+        assert sum(m["role"] == "assistant" for m in transcript) >= answers, (transcript, page.logs[-20:])
+        wait_idle(page, 5_000)
+        return assert_agree(page, name)
+
+    return settle(check, timeout=timeout)  # type: ignore[no-any-return]
+
+
+def answer_text(message: dict[str, Any]) -> str:
+    return "".join(p.get("text", "") for p in message["parts"] if p["type"] == "text")
+
+
+def send(page: Any, text: str) -> None:
+    """Send a message as the input would; returns at once (sendMessage's promise ends with the turn)."""
+    page.evaluate("text => { window.hook.send(text); }", text)
+    page.wait_for_function("window.hook.status() !== 'ready'", timeout=5_000)
+
+
+def test_a_streamed_answer(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("stream")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "count to 30 [rate 40]")
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert answer_text(transcript[1]) == numbers(30)
+    assert page.errors == []
+
+
+def test_a_reload_mid_stream_shows_the_answer_once(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("reload")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "count to 80 [rate 30]")
+    wait_text(page, " 12 ")
+    page.reload()
+    page.wait_for_function("window.hook && window.hook.ready", timeout=15_000)
+    wait_text(page, " 40 ")  # the replay and the live tail, in the reloaded tab
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert answer_text(transcript[1]) == numbers(80)
+
+
+@pytest.fixture
+def own_workers(recovery_stack: Any) -> Iterator[Any]:
+    yield recovery_stack
+    recovery_stack.stop_workers()
+
+
+def test_a_worker_killed_mid_stream_leaves_one_answer_on_the_live_screen(
+    own_workers: Any, context: Any, bundle: Path
+) -> None:
+    stack = own_workers
+    worker = stack.start_worker()
+    name = new_name("kill")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "count to 200 [rate 40]")
+    wait_text(page, " 40 ")
+    worker.kill(signal.SIGKILL)
+    stack.start_worker()
+    # Watch the live screen (no reload) until the answer is whole: never a second copy, never a gap.
+    expected = numbers(200)
+    seen_recovering = False
+    deadline = time.monotonic() + 90
+    while True:
+        shown = [m for m in screen(page) if m["role"] == "assistant"]
+        assert len(shown) <= 1, f"the answer shows more than once: {shown}"
+        text = shown[0]["text"] if shown else ""
+        assert expected.startswith(text), f"the screen is not a prefix of the answer: {text[-80:]!r}"
+        seen_recovering |= page.evaluate("window.hook.isRecovering()")
+        if text == expected:
+            break
+        assert time.monotonic() < deadline, f"the answer did not finish: {text[-80:]!r}"
+        time.sleep(0.05)
+    assert seen_recovering, "the hook showed the recovery"
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert answer_text(transcript[1]) == expected
+
+
+def test_stop_leaves_the_screen_equal_to_the_store_and_a_later_turn_keeps_it(
+    stack: Any, context: Any, bundle: Path
+) -> None:
+    name = new_name("stop")
+    page = new_tab(context, stack.port, AGENT, name)
+    other = new_tab(context, stack.port, AGENT, name)  # a second tab watches
+    send(page, "count to 200 [rate 20]")
+    wait_text(page, " 20 ")
+    page.click("#stop")
+    transcript = finished(page, name)
+    assert [f for f in page.sent if f["type"] == "cf_agent_chat_request_cancel"], page.sent
+    settle(lambda: assert_agree(other, name))
+    stopped = answer_text(transcript[1])
+    assert expected_prefix(stopped, 200) and 20 <= len(stopped.split()) < 200
+    first = screen(page)[1]
+
+    send(page, "count to 5")
+    transcript = finished(page, name, answers=2)
+    assert answer_text(transcript[3]) == numbers(5)
+    assert screen(page)[1] == first, "a later turn never changes an earlier answer"
+    assert answer_text(transcript[1]) == stopped
+    settle(lambda: assert_agree(other, name))
+
+
+def expected_prefix(text: str, n: int) -> bool:
+    return numbers(n).startswith(text)
+
+
+def test_a_server_tool(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("tool")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, '[tool get_weather {"city": "Paris"}]')
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-get_weather"]
+    assert tool["state"] == "output-available" and tool["output"]["city"] == "Paris"
+    assert answer_text(transcript[1]).startswith("Tool get_weather returned:")
+
+
+def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("approve")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, '[tool send_email {"to": "a@b.c", "subject": "hi"}]')
+    page.wait_for_selector("button.approve", timeout=30_000)
+    asked = stored(name)
+    page.click("button.approve")
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert transcript[1]["id"] == asked[1]["id"], "the continuation extended the asking message"
+    [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-send_email"]
+    assert tool["state"] == "output-available" and "queued" in tool["output"]
+    assert answer_text(transcript[1]).startswith("Tool send_email returned:")
+
+
+def test_a_client_tool_answered_by_the_hook(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("client")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "[tool get_local_time {}]")
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-get_local_time"]
+    assert tool["state"] == "output-available" and tool["output"] == {"time": "12:34"}
+    assert answer_text(transcript[1]) == 'Tool get_local_time returned: {"time": "12:34"}'
+
+
+def test_two_tabs_follow_one_conversation(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("tabs")
+    first = new_tab(context, stack.port, AGENT, name)
+    second = new_tab(context, stack.port, AGENT, name)
+    send(first, "count to 40 [rate 30]")
+    wait_text(second, " 10 ")  # the second tab watches the stream live
+    transcript = finished(first, name)
+    settle(lambda: assert_agree(second, name))
+    send(second, "count to 3")
+    transcript = finished(second, name, answers=2)
+    settle(lambda: assert_agree(first, name))
+    assert [answer_text(m) for m in transcript if m["role"] == "assistant"] == [numbers(40), numbers(3)]
