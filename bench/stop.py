@@ -5,8 +5,9 @@ time to every delta), lets the client receive 20 numbers, then sends cancel_requ
 
 - chunks stored after the cancel: stored deltas whose model send time is later than the moment the
   client sent the cancel (the goal is 0: nothing the model produced after the cancel arrived is kept);
-- chunks stored that the client had not received when it cancelled (produced before the cancel, but
-  still in flight: what a stopping screen can lack until the transcript that follows the end frame);
+- chunk frames that reached the client after it sent the cancel (stored before the cancel committed,
+  so in the answer, but still on the way: the published hook drops them once stop() is called, and the
+  transcript that follows the end frame puts them on its screen);
 - cancel -> done: from sending the cancel to receiving the turn's end frame (the turn has stopped its
   model call, stored its answer and told its clients by then).
 
@@ -72,17 +73,20 @@ async def one_round(port: int) -> dict[str, Any]:
         cancelled_at = time.time()
         sent_at = time.monotonic()
         await client.send({"type": "cf_agent_chat_request_cancel", "id": request_id})
+        late = 0
         while True:
             frame = await client.recv(30)
             if frame.get("type") == "cf_agent_use_chat_response" and frame.get("id") == request_id:
                 if frame.get("done"):
                     done_ms = (time.monotonic() - sent_at) * 1000
                     break
+                late += 1
     deltas = await sync_to_async(stored_deltas)(request_id)
     stamps = [stamp_of(delta) for _, delta in deltas]
     return {
         "after_cancel": sum(1 for s in stamps if s is not None and s > cancelled_at),
-        "unreceived": sum(1 for seq, _ in deltas if seq > received[-1]),
+        "late": late,
+        "missing": sum(1 for seq, _ in deltas if seq > received[-1]) - late,  # stored, never sent: 0
         "done_ms": done_ms,
         "stored": len(deltas),
     }
@@ -102,12 +106,16 @@ async def run(rounds: int, env: dict[str, str], logs: Any, label: str) -> None:
             r = results[-1]
             progress(
                 f"{label} round {n}/{rounds}: {r['after_cancel']} stored after the cancel, "
-                f"{r['unreceived']} not yet received, cancel -> done {r['done_ms']:.1f} ms"
+                f"{r['late']} arrived after it, cancel -> done {r['done_ms']:.1f} ms"
             )
         after = [r["after_cancel"] for r in results]
-        print(f"\n{label}: stops with a chunk stored after the cancel: {sum(1 for a in after if a)} of {rounds}")
+        print(
+            f"\n{label}: stops with a chunk stored after the cancel: {sum(1 for a in after if a)} of {rounds}"
+        )
         print(f"{label}: chunks stored after the cancel, total: {sum(after)}")
-        print(f"{label}: chunks stored but not yet received at the cancel: {summary([r['unreceived'] for r in results])}")
+        late = summary([r["late"] for r in results])
+        print(f"{label}: chunk frames arriving after the cancel was sent: {late}")
+        print(f"{label}: chunks stored but never sent: {sum(r['missing'] for r in results)}")
         print(f"{label}: cancel -> done (ms): {summary([r['done_ms'] for r in results])}\n")
     finally:
         for proc in procs:
