@@ -275,3 +275,61 @@ def fold_bodies(
     for body in bodies:
         accumulator.apply_body(body)
     return accumulator
+
+
+def message_chunks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks that fold into `message` (a replay of a stored message: the inverse of folding).
+
+    `fold_bodies` of their JSON gives the message back, but for what no chunk can say: an approval a
+    human answered ("approval-responded") replays as the request it answered, and a denial without its
+    approval record.
+    """
+    chunks: list[dict[str, Any]] = [{"type": "start", "messageId": message["id"]}]
+    if isinstance(message.get("metadata"), dict):
+        chunks[0]["messageMetadata"] = message["metadata"]
+    for index, part in enumerate(message.get("parts") or []):
+        chunks += _part_chunks(part, f"r{index}")
+    return chunks
+
+
+def _part_chunks(part: dict[str, Any], block_id: str) -> list[dict[str, Any]]:
+    kind = part.get("type")
+    if kind == "step-start":
+        return [{"type": "start-step"}]
+    if kind in ("text", "reasoning"):
+        start: dict[str, Any] = {"type": f"{kind}-start", "id": block_id}
+        if isinstance(part.get("providerMetadata"), dict):
+            start["providerMetadata"] = part["providerMetadata"]
+        chunks = [start, {"type": f"{kind}-delta", "id": block_id, "delta": str(part.get("text", ""))}]
+        return chunks + (
+            [{"type": f"{kind}-end", "id": block_id}] if part.get("state") != "streaming" else []
+        )
+    if is_tool_part(part):
+        return _tool_chunks(part)
+    return [dict(part)]  # data-*, source-url, source-document, file: the chunk is the part
+
+
+def _tool_chunks(part: dict[str, Any]) -> list[dict[str, Any]]:
+    call = {"toolCallId": part.get("toolCallId"), "toolName": tool_name_of(part)}
+    if part.get("type") == "dynamic-tool":
+        call["dynamic"] = True
+    call.update({key: part[key] for key in ("providerExecuted", "title") if key in part})
+    state = part.get("state")
+    if state == "input-streaming":
+        return [{"type": "tool-input-start", **call}]
+    if state == "output-error":
+        error = {"input": part.get("input"), "errorText": part.get("errorText", "")}
+        return [{"type": "tool-input-error", **call, **error}]
+    chunks = [{"type": "tool-input-available", **call, "input": part.get("input")}]
+    call_id = {"toolCallId": part.get("toolCallId")}
+    if state in ("approval-requested", "approval-responded"):
+        approval_id = (part.get("approval") or {}).get("id")
+        chunks.append({"type": "tool-approval-request", "approvalId": approval_id, **call_id})
+    elif state == "output-available":
+        output = {"output": part.get("output")}
+        if part.get("preliminary"):
+            output["preliminary"] = True
+        chunks.append({"type": "tool-output-available", **call_id, **output})
+    elif state == "output-denied":
+        chunks.append({"type": "tool-output-denied", **call_id})
+    return chunks

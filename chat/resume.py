@@ -13,8 +13,9 @@ from typing import Any
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks, stream_close, stream_last_seq
 
-from .models import Conversation
-from .protocol import response_frame
+from .folding import message_chunks
+from .models import Conversation, Message
+from .protocol import dumps, response_frame
 from .selectors import (
     active_stream,
     messages_list,
@@ -114,26 +115,68 @@ def _finalize_orphan(stream: Stream) -> Replay:
 
     from .services import message_upsert
 
-    frames, last = _replay_frames(stream)
+    frames, last = _replay_frames(stream)  # before the message is stored: it may extend one
     with transaction.atomic():
         Conversation.objects.select_for_update().filter(pk=stream.conversation_id).first()
         partial, _ = stream_partial(stream)
         if partial.has_content:
             message_upsert(conversation_id=stream.conversation_id, message=partial.message())
         stream_close(stream_id=stream.pk, status=Stream.Status.COMPLETED)
-    end = response_frame(
-        stream.request_id, done=True, replay=True, continuation=stream.is_continuation, seq=last + 1
-    )
+    end = response_frame(stream.request_id, done=True, replay=True, seq=last + 1)
     return Replay([*frames, end], last + 1, messages=messages_list(conversation_id=stream.conversation_id))
 
 
 def _replay_frames(stream: Stream) -> tuple[list[str], int]:
+    """Every stored chunk of a stream still running (or orphaned), for a client that ACKed it.
+
+    A continuation's chunks extend a stored message that the client may not show the way the
+    continuation's first frames found it (it reloaded, or reconnected, in the middle). So its replay
+    is the whole message: that message as chunks under a `start` naming it, then the continuation's
+    own chunks, none flagged as a continuation. Every client resets a message whose replayed `start`
+    names it, so each shows the message once, whole, then follows the live tail in place.
+    """
     chunks = stream_chunks(stream.pk)
-    frames = [
-        response_frame(stream.request_id, body, replay=True, seq=seq, continuation=stream.is_continuation)
-        for seq, body in chunks
+    last = chunks[-1][0] if chunks else -1
+    rid = stream.request_id
+    base = _extended_message(stream)
+    if base is None:
+        frames = [
+            response_frame(rid, body, replay=True, seq=seq, continuation=stream.is_continuation)
+            for seq, body in chunks
+        ]
+        return frames, last
+    head = [response_frame(rid, dumps(chunk), replay=True) for chunk in message_chunks(base)]
+    own = [
+        response_frame(rid, body, replay=True, seq=seq) for seq, body in chunks if not _is_start(seq, body)
     ]
-    return frames, (chunks[-1][0] if chunks else -1)
+    return head + own, last
+
+
+def _extended_message(stream: Stream) -> dict[str, Any] | None:
+    """The stored message a continuation's replay shows whole; None to replay it as a continuation.
+
+    ai@7 (the published client's resume path) carries on the last assistant message in place when it
+    holds a part this continuation settles: an approved call, a call whose input was still streaming,
+    a provider-executed call. Such a message is replayed as a continuation, appended where the client
+    already shows it; replayed whole, its parts would show twice until the turn's end.
+    """
+    if not stream.is_continuation:
+        return None
+    row = Message.objects.filter(conversation_id=stream.conversation_id, message_id=stream.message_id).first()
+    if row is None or any(_continued_in_place(part) for part in row.parts):
+        return None
+    return row.as_ui_message()
+
+
+def _continued_in_place(part: dict[str, Any]) -> bool:
+    state = part.get("state")
+    return state in ("approval-responded", "input-streaming") or (
+        state == "input-available" and bool(part.get("providerExecuted"))
+    )
+
+
+def _is_start(seq: int, body: str) -> bool:
+    return seq == 0 and body.startswith('{"type":"start"') and not body.startswith('{"type":"start-')
 
 
 def _finished_replay(stream: Stream | None) -> tuple[list[str], int]:
@@ -160,8 +203,9 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
         return _finalize_orphan(active)
     if active is not None:
         frames, last = _replay_frames(active)
+        whole = _extended_message(active) is not None  # replayed as the whole message, not a continuation
         tail = response_frame(
-            request_id, replay=True, replay_complete=True, continuation=active.is_continuation
+            request_id, replay=True, replay_complete=True, continuation=active.is_continuation and not whole
         )
         return Replay([*frames, tail], last)
     terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)

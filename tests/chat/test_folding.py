@@ -12,6 +12,7 @@ from chat.folding import (
     fold_bodies,
     is_settled_tool_part,
     is_tool_part,
+    message_chunks,
     tool_name_of,
 )
 
@@ -568,3 +569,68 @@ def test_is_settled_tool_part(part: dict[str, Any], settled: bool) -> None:
 )
 def test_tool_name_of(part: dict[str, Any], name: str) -> None:
     assert tool_name_of(part) == name
+
+
+# -- message_chunks: a stored message replayed as chunks ------------------------------------------------
+REPLAYED = [
+    [
+        {"type": "start-step"},
+        {"type": "text-start", "id": "a"},
+        {"type": "text-delta", "id": "a", "delta": "hi"},
+    ],
+    [
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r", "providerMetadata": {"x": {"y": 1}}},
+        {"type": "reasoning-delta", "id": "r", "delta": "think"},
+        {"type": "reasoning-end", "id": "r"},
+        {"type": "text-start", "id": "t"},
+        {"type": "text-delta", "id": "t", "delta": "1 2"},
+        {"type": "text-end", "id": "t"},
+        {"type": "tool-input-start", "toolCallId": "c1", "toolName": "w"},
+        {"type": "tool-input-available", "toolCallId": "c1", "toolName": "w", "input": {"city": "Oslo"}},
+        {"type": "tool-output-available", "toolCallId": "c1", "output": {"sky": "clear"}},
+        {"type": "finish-step"},
+        {"type": "start-step"},
+        {"type": "tool-input-available", "toolCallId": "c2", "toolName": "e", "input": {}, "dynamic": True},
+        {"type": "tool-output-error", "toolCallId": "c2", "errorText": "no"},
+        {
+            "type": "tool-input-error",
+            "toolCallId": "c3",
+            "toolName": "x",
+            "input": "{bad",
+            "errorText": "bad",
+        },
+        {"type": "tool-input-available", "toolCallId": "c4", "toolName": "d", "input": {"f": 1}},
+        {"type": "tool-output-denied", "toolCallId": "c4"},
+        {"type": "tool-input-available", "toolCallId": "c5", "toolName": "s", "input": {}},
+        {"type": "tool-approval-request", "approvalId": "A", "toolCallId": "c5"},
+        {"type": "tool-input-start", "toolCallId": "c6", "toolName": "cut"},
+        {"type": "data-progress", "id": "p", "data": {"pct": 50}},
+        {"type": "source-url", "sourceId": "s1", "url": "https://example.com"},
+        {"type": "file", "url": "data:,x", "mediaType": "text/plain"},
+        {"type": "tool-input-available", "toolCallId": "c7", "toolName": "w", "input": {}},
+        {"type": "tool-output-available", "toolCallId": "c7", "output": 1, "preliminary": True},
+        {"type": "finish", "messageMetadata": {"usage": {"totalTokens": 3}}},
+    ],
+]
+
+
+@pytest.mark.parametrize("chunks", REPLAYED)
+def test_a_message_replayed_as_chunks_folds_back_to_itself(chunks: list[dict[str, Any]]) -> None:
+    message = fold({"type": "start", "messageId": "m-1"}, *chunks).message()
+    replay = message_chunks(message)
+    assert replay[0]["type"] == "start" and replay[0]["messageId"] == "m-1"
+    assert fold(*replay).message() == message
+
+
+def test_an_answered_approval_replays_as_its_request() -> None:
+    """No chunk says "approval-responded": a replay shows the request until the tool's output comes."""
+    part = {
+        "type": "tool-send",
+        "toolCallId": "c",
+        "state": "approval-responded",
+        "input": {},
+        "approval": {"id": "A", "approved": True},
+    }
+    [replayed] = fold(*message_chunks({"id": "m", "role": "assistant", "parts": [part]})).parts
+    assert replayed == {**part, "state": "approval-requested", "approval": {"id": "A"}}

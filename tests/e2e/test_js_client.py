@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from recovery.models import Fiber
+from recovery.models import Fiber, Segment
 from tests.agents import tool_runs
 from tests.e2e.js_client import (
     chunk_seqs,
@@ -202,7 +202,13 @@ def test_a_client_tool_round_trip(stack: Any, node: str) -> None:
     assert continuation_id != result["requestId"]
     assert_continuation_handshake(me, result)
     continuation = frames(me, "cf_agent_use_chat_response", id=continuation_id)
-    assert continuation and all(f.get("continuation") for f in continuation)
+    # The ACK's replay is the whole message, under its id (the client resets and rebuilds it, so it
+    # shows it once, in place); the live tail that follows extends it (continuation: true).
+    replayed = [f for f in continuation if f.get("replay") and isinstance(f["body"], dict)]
+    assert replayed[0]["body"]["type"] == "start"
+    assert replayed[0]["body"]["messageId"] == result["updated"]["id"]
+    assert not any(f.get("continuation") for f in continuation if f.get("replay"))
+    assert all(f.get("continuation") for f in continuation if not f.get("replay"))
     assert continuation[-1]["done"] is True and continuation[-1]["outcome"] == "completed"
 
     [updated_part] = [p for p in result["updated"]["parts"] if p.get("toolCallId") == part["toolCallId"]]
@@ -219,8 +225,9 @@ def test_a_client_tool_round_trip(stack: Any, node: str) -> None:
     assert stored["state"] == "output-available" and stored["output"] == output
     assert message_text(transcript[1]) == expected
     assert result["broadcast"] == transcript, "the transcript sent after the done frame is the store"
-    # A continuation names no message: the client appends it to the one it continues.
-    assert next(f["body"] for f in continuation if f["body"]) == {"type": "start"}
+    # The continuation's own start names no message: the client appends it to the one it continues.
+    stored_start = Segment.objects.filter(stream__request_id=continuation_id, seq_start=0).first()
+    assert stored_start is not None and stored_start.body.split("\n")[0] == '{"type":"start"}'
     fiber = Fiber.objects.get(request_id=continuation_id)
     assert fiber.kind == Fiber.Kind.CONTINUE and fiber.status == Fiber.Status.COMPLETED
 

@@ -15,7 +15,6 @@ import pytest
 from recovery.models import Fiber
 from tests.e2e.js_client import (
     RunningScenario,
-    chunk_seqs,
     frames,
     get_messages,
     new_name,
@@ -76,18 +75,24 @@ def test_the_client_follows_a_recovery_after_the_worker_is_killed(recovery_stack
     after_ack = [
         f for f in frames(me, "cf_agent_use_chat_response", id=continuation_id) if f["t"] >= ack["t"]
     ]
-    assert all(f.get("continuation") for f in after_ack)
-    assert chunk_seqs(after_ack) == list(range(len(chunk_seqs(after_ack))))
+    # The replay is the whole message under its id: the stored partial as chunks, then the
+    # continuation's own stored chunks (its start names no message and is left out of a replay); then
+    # the live tail, which extends it (continuation: true). Every seq once, in order.
+    replayed = [f for f in after_ack if f.get("replay")]
+    live = [f for f in after_ack if not f.get("replay")]
+    assert replayed[0]["body"]["type"] == "start"
+    assert replayed[0]["body"]["messageId"] == first["message"]["id"]
+    assert all(f.get("continuation") for f in live) and not any(f.get("continuation") for f in replayed)
+    seqs = [f["seq"] for f in after_ack if isinstance(f.get("body"), dict) and "seq" in f]
+    assert seqs[0] <= 1 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert after_ack[-1]["done"] is True and after_ack[-1]["outcome"] == "completed"
 
-    # What the client shows, the partial then the continuation, is every number exactly once.
+    # What the client shows after the resume is the whole answer, every number exactly once.
     assert second["errors"] == []
-    assert first["text"] + second["text"] == numbers(60)
+    assert second["text"] == numbers(60) and second["message"]["id"] == first["message"]["id"]
     transcript = get_messages(recovery_stack.port, "assistant", name)
     assert [m["role"] for m in transcript] == ["user", "assistant"], "the continuation extended the partial"
     assert transcript[1]["id"] == first["message"]["id"], "the answer is stored under the id the client saw"
-    first_chunk = next(f["body"] for f in after_ack if f["body"])
-    assert first_chunk == {"type": "start"}, "a continuation names no message"
     assert assistant_text(transcript) == numbers(60)
     fiber = Fiber.objects.get(request_id=request_id)
     assert fiber.status == Fiber.Status.RECOVERED

@@ -130,22 +130,47 @@ def test_a_worker_killed_mid_stream_leaves_one_answer_on_the_live_screen(
     stack.start_worker()
     # Watch the live screen (no reload) until the answer is whole: never a second copy, never a gap.
     expected = numbers(200)
-    seen_recovering = False
-    deadline = time.monotonic() + 90
+    watch_one_answer(page, expected)
+    assert [f for f in page.received if f["type"] == "cf_agent_chat_recovering" and f["recovering"]]
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert answer_text(transcript[1]) == expected
+
+
+def watch_one_answer(page: Any, expected: str, timeout: float = 90) -> None:
+    """Poll the live screen until it shows `expected`: never a second copy, never a gap."""
+    deadline = time.monotonic() + timeout
     while True:
         shown = [m for m in screen(page) if m["role"] == "assistant"]
         assert len(shown) <= 1, f"the answer shows more than once: {shown}"
         text = shown[0]["text"] if shown else ""
         assert expected.startswith(text), f"the screen is not a prefix of the answer: {text[-80:]!r}"
-        seen_recovering |= page.evaluate("window.hook.isRecovering()")
         if text == expected:
-            break
+            return
         assert time.monotonic() < deadline, f"the answer did not finish: {text[-80:]!r}"
         time.sleep(0.05)
-    assert seen_recovering, "the hook showed the recovery"
+
+
+def test_a_reload_during_a_recovered_continuation_shows_the_answer_once(
+    own_workers: Any, context: Any, bundle: Path
+) -> None:
+    """The reloaded tab gets the stored partial from get-messages and the continuation by the resume
+    handshake; the replay is the whole message, so the hook shows one answer in place."""
+    stack = own_workers
+    worker = stack.start_worker()
+    name = new_name("reload-recovered")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "count to 150 [rate 30]")
+    wait_text(page, " 20 ")
+    worker.kill(signal.SIGKILL)
+    stack.start_worker()
+    wait_text(page, " 60 ", 60_000)  # the continuation is streaming
+    page.reload()
+    page.wait_for_function("window.hook && window.hook.ready", timeout=15_000)
+    watch_one_answer(page, numbers(150))
     transcript = finished(page, name)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
-    assert answer_text(transcript[1]) == expected
+    assert answer_text(transcript[1]) == numbers(150)
 
 
 def test_stop_leaves_the_screen_equal_to_the_store_and_a_later_turn_keeps_it(
@@ -187,13 +212,28 @@ def test_a_server_tool(stack: Any, context: Any, bundle: Path) -> None:
     assert answer_text(transcript[1]).startswith("Tool get_weather returned:")
 
 
+def watch_in_place(page: Any, tool: str, last: str, timeout: float = 60) -> None:
+    """While a tool continuation streams, the screen shows one answer holding the call once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = [m for m in screen(page) if m["role"] == "assistant"]
+        assert len(shown) <= 1, f"the continuation shows as a message of its own: {shown}"
+        text = shown[0]["text"] if shown else ""
+        assert text.count(f"[{tool} ") <= 1, f"the call shows twice: {text[:160]!r}"
+        if text.endswith(last):
+            return
+        assert time.monotonic() < deadline, f"the continuation did not finish: {text[-80:]!r}"
+        time.sleep(0.05)
+
+
 def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bundle: Path) -> None:
     name = new_name("approve")
     page = new_tab(context, stack.port, AGENT, name)
-    send(page, '[tool send_email {"to": "a@b.c", "subject": "hi"}]')
+    send(page, '[tool send_email {"to": "a@b.c", "subject": "hi"}] count to 40 [rate 30]')
     page.wait_for_selector("button.approve", timeout=30_000)
     asked = stored(name)
     page.click("button.approve")
+    watch_in_place(page, "send_email", " 40")
     transcript = finished(page, name)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     assert transcript[1]["id"] == asked[1]["id"], "the continuation extended the asking message"
@@ -205,12 +245,13 @@ def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bun
 def test_a_client_tool_answered_by_the_hook(stack: Any, context: Any, bundle: Path) -> None:
     name = new_name("client")
     page = new_tab(context, stack.port, AGENT, name)
-    send(page, "[tool get_local_time {}]")
+    send(page, "[tool get_local_time {}] count to 40 [rate 30]")
+    watch_in_place(page, "get_local_time", " 40")
     transcript = finished(page, name)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-get_local_time"]
     assert tool["state"] == "output-available" and tool["output"] == {"time": "12:34"}
-    assert answer_text(transcript[1]) == 'Tool get_local_time returned: {"time": "12:34"}'
+    assert answer_text(transcript[1]) == 'Tool get_local_time returned: {"time": "12:34"}' + " " + numbers(40)
 
 
 def test_two_tabs_follow_one_conversation(stack: Any, context: Any, bundle: Path) -> None:

@@ -951,6 +951,23 @@
       const twin = newNode.querySelector(`details[data-part-index="${details.dataset.partIndex}"]`);
       if (twin) twin.open = true;
     }
+    // An answer box the person may be typing into moves over as it is (its value, focus and caret), so a
+    // re-render (more chunks, the transcript after the turn) never loses a keystroke.
+    for (const input of oldNode.querySelectorAll("[data-tool-call-id] form[data-action='answer'] input")) {
+      const id = input.closest("[data-tool-call-id]").dataset.toolCallId;
+      const twin = [...newNode.querySelectorAll("[data-tool-call-id]")].find((b) => b.dataset.toolCallId === id);
+      const slot = twin && twin.querySelector("form[data-action='answer'] input");
+      if (!slot) continue;
+      const focused = document.activeElement === input;
+      const [start, end] = [input.selectionStart, input.selectionEnd];
+      slot.replaceWith(input);
+      if (focused) {
+        queueMicrotask(() => {
+          input.focus(); // the new node is in the document by now
+          input.setSelectionRange(start, end);
+        });
+      }
+    }
   }
 
   // Messages are mutated in place while streaming, so a serialized signature detects changes.
