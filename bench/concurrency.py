@@ -1,11 +1,20 @@
-"""Concurrency (P4): concurrent streaming turns on one host, and their model-to-client chunk latency.
+"""Concurrency (P4): concurrent streaming turns on one host: latency, and where the CPU goes.
 
 For each level L, L WebSocket clients each start a turn at the same time ("count to N [rate R] [stamp]":
-the scripted model stamps every delta with its send time), and the latency of every chunk is measured
+the scripted model stamps every number with its send time), and the latency of every number is measured
 at the client: receive time minus send time. Everything runs on this machine (2 cores): Postgres, Redis,
 daphne, the worker(s), the scripted model and this client.
 
-    .venv/bin/python bench/concurrency.py --levels 25 50 100 200 --workers 1 --threads 256
+Per level it also reads, from /proc, the CPU each part of the stack spent (worker, web, Postgres, Redis,
+model, client), per number delivered, and the worker's resident memory above its idle size per active
+turn. `--marginal A B` runs each level twice, with A and with B numbers per turn, and divides the
+difference by the difference in numbers: the cost of one more streamed number, without what a turn
+costs to start and finish. A bare read of the same streams straight from the model (httpx, SSE lines,
+one json.loads per event: the least any client can do) gives the unit the pipeline is measured in.
+
+    .venv/bin/python bench/concurrency.py --levels 25 50 100 200
+    .venv/bin/python bench/concurrency.py --levels 50 --marginal 40 400
+    .venv/bin/python bench/concurrency.py --levels 50 200 --workers 2
 """
 
 from __future__ import annotations
@@ -16,11 +25,45 @@ import json
 import os
 import time
 import uuid
+from dataclasses import dataclass, field
+from typing import Any
 
+import procstat  # type: ignore[import-not-found]
 from harness import ROOT, log_dir, percentile, progress, scripted_model_process, setup_django  # type: ignore[import-not-found]
 
+PIPELINE = ("worker", "web", "postgres", "redis")
 
-async def one_turn(port: int, numbers: int, rate: float, latencies: list[float]) -> bool:
+
+@dataclass
+class Run:
+    turns: int
+    numbers: int
+    completed: int = 0
+    delivered: int = 0  # numbers that reached the clients
+    latencies: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # seconds per part
+    worker_rss_peak: int = 0
+
+    def per_number_us(self, part: str) -> float:
+        return self.cpu.get(part, 0.0) / max(1, self.delivered) * 1e6
+
+    @property
+    def pipeline_us(self) -> float:
+        return sum(self.per_number_us(p) for p in PIPELINE)
+
+
+def stamps(delta: str) -> list[float]:
+    """The send times of the numbers in one delta ("12@t" or, coalesced, " 12@t 13@t")."""
+    found = []
+    for piece in delta.split():
+        _, at, stamp = piece.partition("@")
+        if at:
+            found.append(float(stamp))
+    return found
+
+
+async def one_turn(port: int, numbers: int, rate: float, run: Run) -> bool:
     from tests.support import ChatClient, chat_request, user_message
 
     async with ChatClient(port, f"cc-{uuid.uuid4().hex[:8]}") as client:
@@ -36,52 +79,153 @@ async def one_turn(port: int, numbers: int, rate: float, latencies: list[float])
             if frame.get("done"):
                 return frame.get("outcome") == "completed"
             chunk = json.loads(frame["body"]) if frame.get("body") else {}
-            if chunk.get("type") == "text-delta" and "@" in chunk.get("delta", ""):
-                latencies.append(now - float(chunk["delta"].rsplit("@", 1)[1]))
+            if chunk.get("type") == "text-delta":
+                sent = stamps(chunk.get("delta", ""))
+                run.delivered += len(sent)
+                run.latencies.extend(now - t for t in sent)
 
 
-async def level(port: int, turns: int, numbers: int, rate: float) -> tuple[list[float], int, float]:
-    latencies: list[float] = []
+async def sample_rss(pids: Any, run: Run, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        run.worker_rss_peak = max(run.worker_rss_peak, procstat.rss_bytes(pids()))
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+
+
+async def level(port: int, turns: int, numbers: int, rate: float, meter: Any, worker_pids: Any) -> Run:
+    run = Run(turns, numbers)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_rss(worker_pids, run, stop))
+    meter.start()
     started = time.monotonic()
     results = await asyncio.gather(
-        *(one_turn(port, numbers, rate, latencies) for _ in range(turns)), return_exceptions=True
+        *(one_turn(port, numbers, rate, run) for _ in range(turns)), return_exceptions=True
     )
-    completed = sum(1 for r in results if r is True)
+    run.elapsed = time.monotonic() - started
+    run.cpu = meter.stop()
+    stop.set()
+    await sampler
+    run.completed = sum(1 for r in results if r is True)
     for failure in {repr(r) for r in results if isinstance(r, BaseException)}:
         progress(f"  a turn failed at the client: {failure}")
-    return latencies, completed, time.monotonic() - started
+    return run
+
+
+async def bare_read(model_url: str, turns: int, numbers: int, rate: float, meter: Any) -> Run:
+    """The same streams read straight from the model: SSE lines, one json.loads per event."""
+    import httpx
+
+    run = Run(turns, numbers)
+
+    async def one(client: httpx.AsyncClient) -> bool:
+        body = {
+            "model": "scripted",
+            "stream": True,
+            "messages": [{"role": "user", "content": f"count to {numbers} [rate {rate}] [stamp]"}],
+        }
+        async with client.stream("POST", f"{model_url}/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                for choice in event.get("choices") or []:
+                    run.delivered += len(stamps((choice.get("delta") or {}).get("content") or ""))
+        return True
+
+    limits = httpx.Limits(max_connections=turns + 10, max_keepalive_connections=turns + 10)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        meter.start()
+        started = time.monotonic()
+        results = await asyncio.gather(*(one(client) for _ in range(turns)), return_exceptions=True)
+        run.elapsed = time.monotonic() - started
+        run.cpu = meter.stop()
+    run.completed = sum(1 for r in results if r is True)
+    return run
+
+
+def report(label: str, run: Run, bare: Run | None, idle_rss: int) -> None:
+    p50, p99 = percentile(run.latencies, 50) * 1000, percentile(run.latencies, 99) * 1000
+    parts = "  ".join(f"{name} {run.per_number_us(name):.0f}" for name in run.cpu)
+    memory = (run.worker_rss_peak - idle_rss) / max(1, run.turns) / 2**20
+    line = (
+        f"{label}: {run.completed}/{run.turns} completed, {run.delivered} numbers, p50 {p50:.0f} ms, "
+        f"p99 {p99:.0f} ms, {run.elapsed:.1f} s; CPU us per number: {parts}; pipeline {run.pipeline_us:.0f}"
+    )
+    if bare is not None:
+        line += f" = {run.pipeline_us / max(bare.per_number_us('client'), 1e-9):.1f}x a bare read"
+    print(f"{line}; worker memory {memory:.2f} MB per turn above idle", flush=True)
 
 
 async def main(args: argparse.Namespace) -> None:
     setup_django()
     from tests.support import start_daphne, start_worker
 
-    rows = []
     with log_dir() as logs, scripted_model_process(logs, args.rate) as model_url:
         env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
         daphne, port = start_daphne(env, logs)
         workers = []
+        model_pid = next(p for p in procstat.tree_pids(os.getpid()) if _is_model(p))
         try:
             for _ in range(args.workers):
                 workers.append(start_worker(env, logs, name="cc-worker", concurrency=args.threads))
-            await level(port, 2, 10, args.rate)  # warm-up
+            worker_pids = procstat.trees(lambda: [w.popen.pid for w in workers])
+            meter = procstat.Meter(
+                [
+                    procstat.Part("worker", worker_pids),
+                    procstat.Part("web", procstat.tree(daphne.popen.pid)),
+                    procstat.Part("postgres", procstat.postgres_cluster),
+                    procstat.Part("redis", lambda: procstat.pids_named("redis-server")),
+                    procstat.Part("model", procstat.tree(model_pid)),
+                    procstat.Part("client", lambda: [os.getpid()]),
+                ]
+            )
+            await level(port, 2, 10, args.rate, meter, worker_pids)  # warm-up
+            await asyncio.sleep(1)
+            idle_rss = procstat.rss_bytes(worker_pids())
+            lengths = args.marginal or [args.numbers]
             for turns in args.levels:
-                latencies, completed, elapsed = await level(port, turns, args.numbers, args.rate)
-                p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
-                rows.append((turns, completed, len(latencies), p50, p99, elapsed))
-                progress(
-                    f"{turns} turns: {completed} done, p50 {p50:.0f} ms, p99 {p99:.0f} ms, {elapsed:.1f} s"
-                )
+                runs = []
+                for numbers in lengths:
+                    bare = await bare_read(model_url, turns, numbers, args.rate, meter)
+                    run = await level(port, turns, numbers, args.rate, meter, worker_pids)
+                    report(f"{turns} turns x {numbers} numbers", run, bare, idle_rss)
+                    print(
+                        f"  bare read of the same streams: client {bare.per_number_us('client'):.1f} us, "
+                        f"model {bare.per_number_us('model'):.1f} us per number",
+                        flush=True,
+                    )
+                    runs.append((run, bare))
+                    await asyncio.sleep(2)  # let the last turns' finishing work settle
+                if len(runs) == 2:
+                    marginal(turns, runs[0], runs[1])
         finally:
             for proc in [daphne, *workers]:
                 proc.stop()
+    print(f"\n{args.workers} worker process(es) x {args.threads} threads, at {args.rate} numbers/s per turn")
+
+
+def marginal(turns: int, short: tuple[Run, Run], long: tuple[Run, Run]) -> None:
+    (a, bare_a), (b, bare_b) = short, long
+    extra = max(1, b.delivered - a.delivered)
+    per = {name: (b.cpu[name] - a.cpu.get(name, 0.0)) / extra * 1e6 for name in b.cpu}
+    bare = (bare_b.cpu["client"] - bare_a.cpu["client"]) / max(1, bare_b.delivered - bare_a.delivered) * 1e6
+    pipeline = sum(per[p] for p in PIPELINE)
+    parts = "  ".join(f"{name} {value:.0f}" for name, value in per.items())
     print(
-        f"\n{args.workers} worker process(es) x {args.threads} threads, {args.numbers} chunks/turn at "
-        f"{args.rate} tokens/s"
+        f"marginal, {turns} turns ({a.numbers} vs {b.numbers} numbers): CPU us per extra number: {parts}; "
+        f"pipeline {pipeline:.0f} us = {pipeline / max(bare, 1e-9):.1f}x a bare read ({bare:.1f} us)",
+        flush=True,
     )
-    print("turns  completed  chunks   p50 ms   p99 ms   wall s")
-    for turns, completed, chunks, p50, p99, elapsed in rows:
-        print(f"{turns:5}  {completed:9}  {chunks:6}  {p50:7.0f}  {p99:7.0f}  {elapsed:7.1f}")
+
+
+def _is_model(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"thinkproject.scripted_model" in f.read()
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
@@ -90,5 +234,6 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=256)
     parser.add_argument("--numbers", type=int, default=100)
+    parser.add_argument("--marginal", type=int, nargs=2, metavar=("SHORT", "LONG"))
     parser.add_argument("--rate", type=float, default=20)
     asyncio.run(main(parser.parse_args()))

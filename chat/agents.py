@@ -96,6 +96,10 @@ class Think:
     #: a crash rejoins the provider's own generation (after the last stored event) instead of paying
     #: for a new one; when the provider no longer has it, the turn continues as usual (README).
     model_reattach: ClassVar[bool] = False
+    #: Read an OpenAI-compatible provider's stream (OpenAI, vLLM, OpenRouter, ... and the scripted model)
+    #: with the project's lean reader; litellm still routes and builds the request and maps its errors.
+    #: False streams every byte through litellm. Other providers always go through litellm.
+    lean_model_read: ClassVar[bool] = True
     #: Abort a stream silent for this long and recover it (0 = off).
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
     #: Model steps per turn: each step after the first follows server tool results.

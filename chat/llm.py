@@ -163,10 +163,22 @@ def _events_of(chunk: Any) -> list[Event]:
 
 
 async def stream_chat(
-    *, model: dict[str, Any], messages: list[dict[str, Any]], **extra: Any
+    *, model: dict[str, Any], messages: list[dict[str, Any]], lean: bool = True, **extra: Any
 ) -> AsyncGenerator[Event, None]:
-    """Stream one model call. Provider errors surface as litellm exceptions (one retry budget: ours)."""
+    """Stream one model call. Provider errors surface as litellm exceptions (one retry budget: ours).
+
+    `lean`: read an OpenAI-compatible provider's stream with `chat.openai_compat` (litellm still routes
+    and builds the request, and maps its errors); any other provider streams through litellm.
+    """
     litellm = await _litellm()
+    if lean:
+        from . import openai_compat
+
+        request = openai_compat.lean_request(model, messages, **extra)
+        if request is not None:
+            async for event in openai_compat.stream(request):
+                yield event
+            return
     kwargs = {"num_retries": 0, **model, **extra}
     response = await litellm.acompletion(
         messages=messages, stream=True, stream_options={"include_usage": True}, **kwargs

@@ -177,7 +177,10 @@ class ModelLoop:
         model = self.agent.completion_kwargs()
         if not self.agent.model_reattach:
             return llm.stream_chat(
-                model=model, messages=self.model_messages(), **({"tools": tools} if tools else {})
+                model=model,
+                messages=self.model_messages(),
+                lean=bool(self.agent.lean_model_read),
+                **({"tools": tools} if tools else {}),
             )
         resume, self.reattach = self.reattach, None  # only the first step can rejoin a stored generation
         return llm.stream_response(model=model, messages=self.model_messages(), tools=tools, resume=resume)

@@ -61,6 +61,14 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def owns_running_loop() -> bool:
+    """True on the process loop (a worker's turns run there for the life of the process)."""
+    try:
+        return asyncio.get_running_loop() is _loop
+    except RuntimeError:
+        return False
+
+
 def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run a coroutine on the process loop from a synchronous caller (a Celery task thread)."""
     future = asyncio.run_coroutine_threadsafe(coro, get_loop())

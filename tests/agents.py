@@ -216,3 +216,9 @@ class ReattachAgent(Assistant):
 
     def get_tools(self) -> list[Tool]:
         return [*super().get_tools(), add]  # add counts its runs (tool_runs)
+
+
+class LitellmReadAgent(Assistant):
+    """The demo agent with every model stream read by litellm (Think.lean_model_read off)."""
+
+    lean_model_read = False

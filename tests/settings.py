@@ -47,6 +47,7 @@ THINK = {
         "reactive-agent": "tests.agents.ReactiveAgent",
         "proactive-agent": "tests.agents.ProactiveAgent",
         "both-layers-agent": "tests.agents.BothLayersAgent",
+        "litellm-read-agent": "tests.agents.LitellmReadAgent",
     },
 }
 # A stack may stretch the lease, to show what happens before a heartbeat (tests/e2e/test_stop.py).

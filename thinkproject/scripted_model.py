@@ -172,6 +172,7 @@ class ServerState:
 
     token_rate: float
     requests: list[Json] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)  # the User-Agent of each request, in order
     in_flight: int = 0
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -702,6 +703,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         log.info("%s %s rejected: %s", request.method, request.path, exc)
         return _error_response(400, error_body(str(exc), "invalid_request_error", None))
     request.app[STATE_KEY].requests.append(body)
+    request.app[STATE_KEY].clients.append(request.headers.get("User-Agent", ""))
     plan = _note_prompt(request.app[STATE_KEY], plan, messages)
     stream, prompt_tokens = bool(body.get("stream")), count_prompt_tokens(messages)
     log.info(
@@ -786,6 +788,11 @@ class ScriptedModelServer:
     def requests(self) -> list[Json]:
         """Bodies of the chat completion requests received so far, oldest first."""
         return list(self.app[STATE_KEY].requests)
+
+    @property
+    def clients(self) -> list[str]:
+        """The User-Agent of each chat completion request (which HTTP client sent it), oldest first."""
+        return list(self.app[STATE_KEY].clients)
 
     @property
     def in_flight(self) -> int:

@@ -280,3 +280,24 @@ async def test_clients_without_an_origin_are_accepted_and_foreign_origins_refuse
         async with websockets.connect(url, origin="http://evil.example"):
             pass
     assert refused.value.response.status_code == 403
+
+
+@pytest.mark.parametrize(("agent", "client"), [("assistant", "aiohttp"), ("litellm-read-agent", "OpenAI")])
+async def test_a_turn_streams_through_either_model_read(
+    stack: Any, scripted_model: Any, agent: str, client: str
+) -> None:
+    """The lean read (the default) and litellm's read (Think.lean_model_read = False) give one answer."""
+    name = new_name()
+    async with ChatClient(stack.port, name, agent) as ws:
+        request_id = await start_turn(ws, f"count to 25 {name}")
+        log = await ws.follow(request_id, timeout=30)
+    assert log.done is not None and log.done["outcome"] == "completed"
+    assert log.text == numbers(25)
+    [seen] = [
+        c
+        for body, c in zip(scripted_model.requests, scripted_model.clients, strict=True)
+        if name in json.dumps(body)
+    ]
+    assert client in seen, f"the model was read by {seen!r}"
+    stored = await sync_to_async(get_messages)(stack.port, name, agent)
+    assert assistant_text(stored) == numbers(25)
