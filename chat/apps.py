@@ -8,4 +8,9 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401
+        from recovery.flusher import register_fanout
+
+        from . import broadcast, checks  # noqa: F401
+
+        # Every turn's frames of a flusher tick leave for the web processes together.
+        register_fanout(broadcast.publish_frames_many)

@@ -53,6 +53,29 @@ async def publish_frames(conversation_id: int, request_id: str, frames: list[tup
     await group_send(conversation_id, {"type": FRAMES, "request_id": request_id, "frames": frames})
 
 
+async def publish_frames_many(batches: list[tuple[tuple[int, str], list[tuple[int, str]]]]) -> None:
+    """The frames of a flusher tick, every turn's, in one round trip when the channel layer can
+    (`chat.layers.RedisFanoutLayer.group_send_many`); one group_send each otherwise."""
+    layer = get_channel_layer()
+    if layer is None:
+        raise RuntimeError("CHANNEL_LAYERS is not configured")
+    sends = [
+        (group_name(conversation_id), {"type": FRAMES, "request_id": request_id, "frames": frames})
+        for (conversation_id, request_id), frames in batches
+    ]
+    many = getattr(layer, "group_send_many", None)
+    try:
+        if many is not None:
+            await many(sends)
+            return
+        for group, event in sends:
+            await layer.group_send(group, event)
+    except (RedisError, OSError) as exc:  # as in group_send: the frames are in Postgres already
+        logger.warning(
+            "channel layer send failed: %s", exc, extra={"group_event": FRAMES, "groups": len(sends)}
+        )
+
+
 async def publish_stream_started(conversation_id: int, request_id: str) -> None:
     await group_send(conversation_id, {"type": STREAM_STARTED, "request_id": request_id})
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from recovery import control, diagnostics
 from recovery.detection import fiber_interrupt, fiber_release
-from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_heartbeat, worker_identity
+from recovery.fibers import Claim, LeaseLost, fiber_claim, worker_identity
+from recovery.flusher import flusher
 from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db
 from recovery.stream import StreamWriter, stream_close, stream_open
@@ -156,6 +157,8 @@ class TurnRunner:
         try:
             await self._supervise(agent, messages)
         finally:  # also when the worker stops mid-turn: the turn ends here as "interrupted"
+            if self.writer is not None:
+                flusher().unregister(self.writer)
             _current_agent.reset(token)
             agent.turn = None
             self._emit_event(
@@ -178,15 +181,20 @@ class TurnRunner:
             message_id=self.message_id,
             continuation=self.continuation,
         )
+        if self.writer is not None:  # an overflow retry: the first stream's writer is done
+            flusher().unregister(self.writer)
         self.writer = StreamWriter(
             stream_id=self.stream_id,
             fiber_id=self.claim.fiber_id,
             fencing=self.claim.fencing,
             request_id=self.request_id,
             continuation=self.continuation,
-            publish=self._publish_frames,
+            fanout=(self.conversation_id, self.request_id),
         )
         self.writer.next_seq, self.writer.stored_seq = next_seq, next_seq - 1
+        self.writer.on_stop = self._writer_stopped
+        # The process's flusher stores its chunks and keeps its lease from here on.
+        flusher().register(self.writer)
 
     @property
     def fiber_name(self) -> str:
@@ -194,9 +202,6 @@ class TurnRunner:
 
     def _emit_event(self, event_type: str, payload: dict[str, Any]) -> None:
         diagnostics.emit(event_type, payload, agent=self.agent.agent, name=self.agent.name)
-
-    async def _publish_frames(self, frames: list[tuple[int, str]]) -> None:
-        await broadcast.publish_frames(self.conversation_id, self.request_id, frames)
 
     def stop_for_cancel(self) -> None:
         """A cancel was signalled: stop producing now; nothing produced from here on is stored or sent."""
@@ -208,12 +213,24 @@ class TurnRunner:
         if self.producer is not None and not self.producer.done():
             self.producer.cancel()
 
+    def _writer_stopped(self, reason: str, error: BaseException | None) -> None:
+        """The flusher found the turn must stop: a cancel, a lost lease, or a lost database."""
+        if reason == "cancel":
+            self.stop_for_cancel()
+            return
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        if reason == "database":  # as in _supervise: stop, and let the lease lapse
+            logger.warning("database lost mid-turn: %s", error, extra=self.log_extra)
+        if self.producer is not None and not self.producer.done():
+            self.producer.cancel()
+
     async def _supervise(self, agent: Think, messages: list[dict[str, Any]]) -> None:
         if self.stop_reason == "cancel":  # signalled before the model was called
             await self._finish(None)
             return
         producer = self.producer = asyncio.create_task(self._produce(agent, messages))
-        guard = asyncio.create_task(self._guard(producer))
         error: BaseException | None = None
         try:
             await producer
@@ -237,10 +254,6 @@ class TurnRunner:
             return
         except Exception as exc:
             error = exc
-        finally:
-            guard.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await guard
         if self.stop_reason == "lease":
             logger.warning("fiber lease lost; the turn stops without writing", extra=self.log_extra)
             return
@@ -363,58 +376,13 @@ class TurnRunner:
         assert self.writer is not None
         self.accumulator.apply(chunk)
         if self.writer.add(chunk, cursor):
-            await self._flush_shielded()
+            # Stored at once (first content, tool milestones, a full batch); the write runs in the
+            # flusher, so a cancel arriving meanwhile cannot leave a committed segment unpublished.
+            await self.writer.flush()
         if self.on_chunk is not None:
             result = self.on_chunk(chunk)
             if inspect.isawaitable(result):
                 await result
-
-    async def _flush_shielded(self) -> None:
-        """Flush so that a cancel arriving mid-write cannot leave a committed segment unpublished."""
-        assert self.writer is not None
-        task = asyncio.ensure_future(self.writer.flush())
-        # If we are cancelled while it runs, its outcome (maybe LeaseLost) is still consumed.
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        await asyncio.shield(task)
-
-    async def _guard(self, producer: asyncio.Task[None]) -> None:
-        """Timed flushes, lease heartbeats and cancel checks while the producer runs."""
-        assert self.writer is not None
-        heartbeat_interval = float(think_setting("HEARTBEAT_INTERVAL_S"))
-        while True:
-            # Sleep exactly until the oldest buffered chunk is due (or a heartbeat is), not by polling.
-            wait = self.writer.seconds_until_due()
-            if wait is None:
-                self.writer.buffered.clear()
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancel that ends the guard.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(heartbeat_interval / 2):
-                        await self.writer.buffered.wait()
-                wait = self.writer.seconds_until_due()
-            if wait:
-                await asyncio.sleep(min(wait, heartbeat_interval / 2))
-            try:
-                if self.writer.flush_due:
-                    await self._flush_shielded()
-                if time.monotonic() - self.writer.last_write >= heartbeat_interval:
-                    beat = await db(fiber_heartbeat, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing)
-                    self.writer.last_write = time.monotonic()
-                    if not beat.alive:
-                        raise LeaseLost(str(self.claim.fiber_id))
-                    self.writer.cancel_requested |= beat.cancel_requested
-            except LeaseLost:
-                self.stop_reason = "lease"
-                producer.cancel()
-                return
-            except DATABASE_LOST as exc:  # as in _supervise: stop, and let the lease lapse
-                logger.warning("database lost mid-turn: %s", exc, extra=self.log_extra)
-                self.stop_reason = "database"
-                producer.cancel()
-                return
-            if self.writer.cancel_requested:
-                self.stop_reason = "cancel"
-                producer.cancel()
-                return
 
     async def _error_text(self, error: BaseException) -> str:
         """What clients see of the turn's error: on_chat_error's answer, with the classification."""

@@ -13,7 +13,6 @@ ahead of, nor lags behind, the stored chunks.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,10 +26,8 @@ from chat.conf import think_setting
 from chat.models import Conversation
 from chat.protocol import chunk_frame, dumps, encode_chunk
 
-from . import metrics
 from .fibers import LeaseLost, lease_ttl
 from .models import Fiber, Segment, Stream
-from .runtime import db
 
 logger = logging.getLogger(__name__)
 
@@ -62,27 +59,86 @@ class SegmentWrite:
     cancel_requested: bool  # the turn was asked to stop: the segment was not written
 
 
-# A requested cancel refuses the segment in the same statement: once the cancel has committed, no
-# chunk of the turn is stored (and so none is sent), however late the worker hears of it.
-_APPEND_SQL = """
-WITH lease AS (
-    UPDATE {fiber} SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now(),
-        snapshot = CASE WHEN %(reattach)s::jsonb IS NULL OR cancel_requested THEN snapshot
-            ELSE jsonb_set(COALESCE(snapshot, '{{}}'::jsonb), '{{reattach}}', %(reattach)s::jsonb) END
-    WHERE id = %(fiber_id)s AND fencing = %(fencing)s AND status = 'running'
-    RETURNING conversation_id, cancel_requested
+@dataclass(frozen=True)
+class SegmentEntry:
+    """One fiber's part of a group write: its segments (none for a lease renewal alone) and credit."""
+
+    fiber_id: Any
+    fencing: int
+    stream_id: Any = None
+    segments: tuple[tuple[int, int, str], ...] = ()  # (seq_start, seq_end, body)
+    credit: int = 0
+    reattach: str | None = None  # a provider cursor (JSON): the snapshot's "reattach" entry
+
+
+# One statement for every turn a worker process flushes in a tick: their segments, their fenced lease
+# renewals and their progress credit. A fiber whose fencing number moved on (or that is no longer
+# running) is simply not in the result, and nothing of it is written; the others are. A requested
+# cancel refuses the fiber's segments in the same statement: once the cancel has committed, no chunk
+# of the turn is stored (and so none is sent), however late its worker hears of it.
+_GROUP_SQL = """
+WITH input AS (
+    SELECT * FROM unnest(
+        %(fiber)s::uuid[], %(fencing)s::bigint[], %(stream)s::uuid[], %(seq_start)s::int[],
+        %(seq_end)s::int[], %(body)s::text[], %(credit)s::int[], %(reattach)s::jsonb[]
+    ) AS i(fiber_id, fencing, stream_id, seq_start, seq_end, body, credit, reattach)
+), per_fiber AS (
+    SELECT DISTINCT ON (fiber_id) fiber_id, fencing, reattach
+    FROM input ORDER BY fiber_id, seq_end DESC NULLS LAST
+), lease AS (
+    UPDATE {fiber} AS f SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now(),
+        snapshot = CASE WHEN p.reattach IS NULL OR f.cancel_requested THEN f.snapshot
+            ELSE jsonb_set(COALESCE(f.snapshot, '{{}}'::jsonb), '{{reattach}}', p.reattach) END
+    FROM per_fiber AS p
+    WHERE f.id = p.fiber_id AND f.fencing = p.fencing AND f.status = 'running'
+    RETURNING f.id, f.conversation_id, f.cancel_requested
+), credit AS (
+    SELECT l.conversation_id, sum(i.credit) AS credit
+    FROM input AS i JOIN lease AS l ON l.id = i.fiber_id
+    WHERE NOT l.cancel_requested AND i.credit > 0
+    GROUP BY l.conversation_id
 ), progress AS (
-    UPDATE {conversation} AS c SET progress = c.progress + %(credit)s
-    FROM lease WHERE c.id = lease.conversation_id AND %(credit)s > 0 AND NOT lease.cancel_requested
+    UPDATE {conversation} AS c SET progress = c.progress + credit.credit
+    FROM credit WHERE c.id = credit.conversation_id
     RETURNING c.id
-), segment AS (
+), segments AS (
     INSERT INTO {segment} (stream_id, seq_start, seq_end, body, fencing, created_at)
-    SELECT %(stream_id)s, %(seq_start)s, %(seq_end)s, %(body)s, %(fencing)s, now()
-    FROM lease WHERE NOT lease.cancel_requested
+    SELECT i.stream_id, i.seq_start, i.seq_end, i.body, i.fencing, now()
+    FROM input AS i JOIN lease AS l ON l.id = i.fiber_id
+    WHERE NOT l.cancel_requested AND i.body IS NOT NULL
     RETURNING 1
 )
-SELECT cancel_requested FROM lease
+SELECT id, cancel_requested FROM lease
 """
+
+
+def segments_write(entries: list[SegmentEntry]) -> dict[Any, SegmentWrite]:
+    """Write a group of fibers' segments and renew their leases in one statement; the result has an
+    entry, by fiber id as text, for each fiber that is still ours (a missing one was fenced out: nothing
+    of it was written)."""
+    rows: dict[str, list[Any]] = {k: [] for k in ("fiber", "fencing", "stream", "seq_start", "seq_end")}
+    rows.update(body=[], credit=[], reattach=[])
+    for entry in entries:
+        segments = entry.segments or ((None, None, None),)
+        for index, (seq_start, seq_end, body) in enumerate(segments):
+            last = index == len(segments) - 1
+            rows["fiber"].append(entry.fiber_id)
+            rows["fencing"].append(entry.fencing)
+            rows["stream"].append(entry.stream_id if body is not None else None)
+            rows["seq_start"].append(seq_start)
+            rows["seq_end"].append(seq_end)
+            rows["body"].append(body)
+            rows["credit"].append(entry.credit if last else 0)
+            rows["reattach"].append(entry.reattach if last else None)
+    sql = _GROUP_SQL.format(
+        fiber=Fiber._meta.db_table, conversation=Conversation._meta.db_table, segment=Segment._meta.db_table
+    )
+    with connection.cursor() as cursor:
+        params: dict[str, Any] = {**rows, "ttl": lease_ttl()}
+        cursor.execute(sql, params)
+        return {
+            str(fiber): SegmentWrite(cancel_requested=bool(cancel)) for fiber, cancel in cursor.fetchall()
+        }
 
 
 def segment_append(
@@ -98,25 +154,9 @@ def segment_append(
 ) -> SegmentWrite | None:
     """Write one segment if the fiber is still ours (None otherwise) and not asked to stop (then
     nothing is written), renewing its lease; `reattach` (a provider cursor, JSON) becomes the
-    snapshot's "reattach" entry."""
-    sql = _APPEND_SQL.format(
-        fiber=Fiber._meta.db_table, conversation=Conversation._meta.db_table, segment=Segment._meta.db_table
-    )
-    params = {
-        "ttl": lease_ttl(),
-        "fiber_id": fiber_id,
-        "fencing": fencing,
-        "credit": credit,
-        "stream_id": stream_id,
-        "seq_start": seq_start,
-        "seq_end": seq_end,
-        "body": body,
-        "reattach": reattach,
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return None if row is None else SegmentWrite(cancel_requested=bool(row[0]))
+    snapshot's "reattach" entry. The group write of one fiber."""
+    entry = SegmentEntry(fiber_id, fencing, stream_id, ((seq_start, seq_end, body),), credit, reattach)
+    return segments_write([entry]).get(str(fiber_id))
 
 
 def stream_open(
@@ -163,7 +203,13 @@ def stream_close(*, stream_id: Any, status: str) -> None:
 
 
 class StreamWriter:
-    """Buffers the chunks of one stream and flushes them as segments, then publishes their frames."""
+    """Buffers the chunks of one stream; the process's flusher (`recovery.flusher`) stores them as
+    segments, in one statement with every other turn's, then publishes their frames.
+
+    Chunks are kept as they come and encoded when they are taken: consecutive deltas of one text,
+    reasoning or tool-input part are coalesced into one chunk then, and sequence numbers are given to
+    what is stored, so `seq` stays gap-free and a client renders the same message.
+    """
 
     def __init__(
         self,
@@ -173,63 +219,73 @@ class StreamWriter:
         fencing: int,
         request_id: str,
         continuation: bool,
-        publish: Publish,
+        publish: Publish | None = None,
+        fanout: tuple[int, str] | None = None,
     ) -> None:
+        """`publish` sends a batch of frames; `fanout` (conversation id, request id) lets the flusher send
+        every writer's frames of a tick together instead (chat.broadcast)."""
         self.stream_id = stream_id
         self.fiber_id = fiber_id
         self.fencing = fencing
         self.continuation = continuation
         self.publish = publish
+        self.fanout = fanout
         self.next_seq = 0
         self.stored_seq = -1  # the last chunk stored (and published)
         self.cancel_requested = False
+        self.stopped: BaseException | None = None  # LeaseLost or a database error: it writes no more
+        self.on_stop: Callable[[str, BaseException | None], None] | None = (
+            None  # ("cancel"|"lease"|"database")
+        )
         self.last_write = time.monotonic()
         self._request_id_json = dumps(request_id)
-        self._buffer: list[tuple[int, str, str]] = []  # (seq, body, frame)
-        self._buffer_bytes = 0
+        self._buffer: list[dict[str, Any]] = []
+        self._buffer_bytes = 0  # a rough size, from the deltas' lengths
         self._buffered_since = 0.0
         self._credit = 0
         self._last_delta_credit = float("-inf")
         self._flushed_any = False
+        self._urgent = False
         self._cursor: dict[str, Any] | None = None  # the provider cursor of the buffered chunks
-        self._lock = asyncio.Lock()
-        self.buffered = asyncio.Event()
         self._flush_every = int(think_setting("FLUSH_EVERY_CHUNKS"))
-        self._flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
-        self._persist = bool(think_setting("STREAM_PERSIST"))
+        self.flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
+        self.persist = bool(think_setting("STREAM_PERSIST"))
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buffer)
+
+    @property
+    def urgent(self) -> bool:
+        return self._urgent
+
+    @property
+    def buffered_since(self) -> float:
+        return self._buffered_since
 
     def note_cursor(self, cursor: dict[str, Any]) -> None:
         """The provider cursor reached by the chunks added so far: stored with the next segment."""
         self._cursor = cursor
 
     def add(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> bool:
-        """Buffer one chunk; True when it must be flushed now (first content, tool milestone, full batch).
+        """Buffer one chunk; True when it must be stored now (first content, tool milestone, full batch).
 
         `cursor`: where the provider's stored generation stands once this chunk is stored.
         """
         if cursor is not None:
             self._cursor = cursor
         chunk_type = chunk.get("type")
-        body = encode_chunk(chunk)
-        seq = self.next_seq
-        self.next_seq += 1
         self._credit += self._progress_credit(chunk_type)
-        frame = chunk_frame(self._request_id_json, body, seq, continuation=self.continuation)
-        # Measuring bytes needs an encode: only do it for chunks that could be that large.
-        if len(body) * 4 > MAX_CHUNK_BYTES and len(body.encode()) > MAX_CHUNK_BYTES:
-            # Too big to store: it still goes out live, but a replay will not have it.
-            logger.warning("chunk %s of stream %s is too large to store", seq, self.stream_id)
-            body = encode_chunk({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
         if not self._buffer:
             self._buffered_since = time.monotonic()
-            self.buffered.set()  # wakes the turn's guard, which flushes this batch when it is due
-        self._buffer.append((seq, body, frame))
-        self._buffer_bytes += len(body)
-        if chunk_type in IMMEDIATE_CHUNKS:
-            return True
-        if chunk_type in CONTENT_CHUNKS and not self._flushed_any:
-            return True
-        return len(self._buffer) >= self._flush_every or self._buffer_bytes >= MAX_SEGMENT_BYTES
+        self._buffer.append(chunk)
+        delta = chunk.get("delta")
+        self._buffer_bytes += len(delta) if isinstance(delta, str) else 64
+        if chunk_type in IMMEDIATE_CHUNKS or (chunk_type in CONTENT_CHUNKS and not self._flushed_any):
+            self._urgent = True
+        elif len(self._buffer) >= self._flush_every or self._buffer_bytes >= MAX_SEGMENT_BYTES:
+            self._urgent = True
+        return self._urgent
 
     def _progress_credit(self, chunk_type: Any) -> int:
         if chunk_type in MILESTONE_CHUNKS:
@@ -241,70 +297,130 @@ class StreamWriter:
                 return 1
         return 0
 
-    @property
-    def flush_due(self) -> bool:
-        return bool(self._buffer) and time.monotonic() - self._buffered_since >= self._flush_interval
+    def due(self, now: float) -> bool:
+        return bool(self._buffer) and (self._urgent or now - self._buffered_since >= self.flush_interval)
 
-    def seconds_until_due(self) -> float | None:
-        """How long the oldest buffered chunk may still wait; None when nothing is buffered."""
+    def take(self) -> Batch | None:
+        """The buffered chunks as a batch to store (coalesced, encoded, numbered); None when empty."""
         if not self._buffer:
             return None
-        return max(0.0, self._buffered_since + self._flush_interval - time.monotonic())
+        chunks, credit, cursor, since = self._buffer, self._credit, self._cursor, self._buffered_since
+        self._buffer, self._buffer_bytes, self._credit, self._cursor, self._urgent = [], 0, 0, None, False
+        bodies: list[str] = []
+        frames: list[tuple[int, str]] = []
+        for chunk in coalesce(chunks):
+            seq = self.next_seq
+            self.next_seq += 1
+            body = encode_chunk(chunk)
+            frames.append(
+                (seq, chunk_frame(self._request_id_json, body, seq, continuation=self.continuation))
+            )
+            # Measuring bytes needs an encode: only do it for chunks that could be that large.
+            if len(body) * 4 > MAX_CHUNK_BYTES and len(body.encode()) > MAX_CHUNK_BYTES:
+                # Too big to store: it still goes out live, but a replay will not have it.
+                logger.warning("chunk %s of stream %s is too large to store", seq, self.stream_id)
+                body = encode_chunk({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
+            bodies.append(body)
+        first = frames[0][0]
+        segments = _segments(first, bodies)
+        reattach = dumps(cursor) if cursor is not None else None  # once per batch, never per chunk
+        entry = SegmentEntry(self.fiber_id, self.fencing, self.stream_id, segments, credit, reattach)
+        return Batch(self, entry, frames, len(chunks), since)
 
-    async def flush(self) -> None:
-        """Write the buffer as one segment, then publish its frames. Raises LeaseLost when fenced out.
+    def stored(self, batch: Batch) -> None:
+        """The flusher stored `batch` (it publishes its frames next)."""
+        self._flushed_any = True
+        self.stored_seq = batch.frames[-1][0]
+        self.last_write = time.monotonic()
 
-        Once the turn is asked to stop, the buffer is dropped instead: nothing more is stored or sent.
-        """
-        async with self._lock:
-            if not self._buffer:
-                return
-            if self.cancel_requested:
-                self.discard()
-                return
-            batch, credit, since, cursor = self._buffer, self._credit, self._buffered_since, self._cursor
-            self._buffer, self._buffer_bytes, self._credit, self._cursor = [], 0, 0, None
-            if self._persist and not await self._write(batch, credit, cursor):
-                self.next_seq = self.stored_seq + 1  # refused: the cancel committed first
-                return
-            self._flushed_any = True
-            self.stored_seq = batch[-1][0]
-            await self.publish([(seq, frame) for seq, _, frame in batch])
-            # Per batch, never per chunk: the oldest chunk's wait is the batch's worst latency.
-            metrics.flush_observed(chunks=len(batch), oldest_age_s=time.monotonic() - since)
-
-    async def stop(self) -> None:
-        """The turn was asked to stop: wait for a flush in flight, then drop what is buffered."""
-        async with self._lock:
-            self.cancel_requested = True
-            self.discard()
+    def refused(self) -> None:
+        """A cancel refused the batch: it is dropped, and so is everything the turn adds from now on."""
+        self.cancel_requested = True
+        self.discard()
+        self.last_write = time.monotonic()
 
     def discard(self) -> None:
         """Drop what is buffered (a stopped turn): the stream ends after the last stored chunk."""
-        self._buffer, self._buffer_bytes, self._credit, self._cursor = [], 0, 0, None
+        self._buffer, self._buffer_bytes, self._credit, self._cursor, self._urgent = [], 0, 0, None, False
         self.next_seq = self.stored_seq + 1
 
-    async def _write(
-        self, batch: list[tuple[int, str, str]], credit: int, cursor: dict[str, Any] | None = None
-    ) -> bool:
-        """The segment write: one fenced statement that also renews the lease and credits progress.
+    def stop_with(self, reason: str, error: BaseException | None = None) -> None:
+        """The flusher learnt the turn must stop: asked to ("cancel"), fenced out ("lease"), or the
+        database is gone ("database"); the turn runner is told through `on_stop`."""
+        if reason == "cancel":
+            self.refused()
+        else:
+            self.stopped = error
+        if self.on_stop is not None:
+            self.on_stop(reason, error)
 
-        False when a cancel refused it (nothing was written)."""
-        result = await db(
-            segment_append,
-            fiber_id=self.fiber_id,
-            fencing=self.fencing,
-            stream_id=self.stream_id,
-            seq_start=batch[0][0],
-            seq_end=batch[-1][0],
-            body="\n".join(b for _, b, _ in batch),
-            credit=credit,
-            reattach=dumps(cursor) if cursor is not None else None,  # once per batch, never per chunk
-        )
-        if result is None:
-            raise LeaseLost(f"fiber {self.fiber_id} fencing {self.fencing}")
-        self.last_write = time.monotonic()
-        if result.cancel_requested:
-            self.cancel_requested = True
-            return False
-        return True
+    async def flush(self) -> None:
+        """Store what is buffered now (with whatever else the process flushes), then publish it.
+
+        Raises LeaseLost when fenced out; once the turn was asked to stop it stores nothing more.
+        """
+        from .flusher import flusher
+
+        await flusher().flush(self)
+
+    async def stop(self) -> None:
+        """The turn was asked to stop: wait for a write in flight, then drop what is buffered."""
+        from .flusher import flusher
+
+        await flusher().settle(self)
+        self.cancel_requested = True
+        self.discard()
+
+
+@dataclass
+class Batch:
+    """What one writer hands to a tick of the flusher."""
+
+    writer: StreamWriter
+    entry: SegmentEntry
+    frames: list[tuple[int, str]]
+    chunks: int  # as the turn added them (before coalescing)
+    since: float  # when the oldest of them was added
+
+
+def _segments(first: int, bodies: list[str]) -> tuple[tuple[int, int, str], ...]:
+    """Bodies as segment rows (seq_start, seq_end, newline-joined bodies), none over MAX_SEGMENT_BYTES."""
+    segments: list[tuple[int, int, str]] = []
+    start, size, group = first, 0, []  # type: ignore[var-annotated]
+    for offset, body in enumerate(bodies):
+        if group and size + len(body) > MAX_SEGMENT_BYTES:
+            segments.append((start, start + len(group) - 1, "\n".join(group)))
+            start, size, group = first + offset, 0, []
+        group.append(body)
+        size += len(body) + 1
+    segments.append((start, start + len(group) - 1, "\n".join(group)))
+    return tuple(segments)
+
+
+_COALESCED = {
+    "text-delta": ("id", "delta"),
+    "reasoning-delta": ("id", "delta"),
+    "tool-input-delta": ("toolCallId", "inputTextDelta"),
+}
+
+
+def coalesce(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive deltas of one part become one chunk (its text is theirs, joined): what a client
+    folds from them is the same message, and there is one chunk to store and one frame to send."""
+    merged: list[dict[str, Any]] = []
+    for chunk in chunks:
+        rule = _COALESCED.get(chunk.get("type"))  # type: ignore[arg-type]
+        if rule is not None and merged:
+            key, text = rule
+            last = merged[-1]
+            if (
+                last.get("type") == chunk.get("type")
+                and last.get(key) == chunk.get(key)
+                and len(last) == len(chunk)  # no other field (providerMetadata) that a merge would lose
+                and isinstance(last.get(text), str)
+                and isinstance(chunk.get(text), str)
+            ):
+                merged[-1] = {**last, text: last[text] + chunk[text]}
+                continue
+        merged.append(chunk)
+    return merged

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection
 from django.utils import timezone
@@ -98,26 +99,40 @@ def delays(monkeypatch: pytest.MonkeyPatch) -> Delays:
 
 
 class GroupListener:
-    """A channel in a conversation's group, to see the frames an operation broadcast."""
+    """A channel in a conversation's group, to see the frames an operation broadcast.
+
+    It lives on an event loop of its own (the pub/sub channel layer keeps its subscriptions per loop).
+    """
 
     def __init__(self, conversation_id: int) -> None:
-        self.layer = get_channel_layer()
-        assert self.layer is not None
-        self.channel = f"ops-probe-{uuid.uuid4().hex}"
-        async_to_sync(self.layer.group_add)(group_name(conversation_id), self.channel)
+        self.received: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        subscribed = asyncio.run_coroutine_threadsafe(self._listen(group_name(conversation_id)), self.loop)
+        subscribed.result(10)
+
+    async def _listen(self, group: str) -> None:
+        layer = get_channel_layer()
+        assert layer is not None
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        await layer.send(channel, {"type": "ready"})  # once it comes back, the subscriptions are live
+        assert (await asyncio.wait_for(layer.receive(channel), 10))["type"] == "ready"
+
+        async def receive() -> None:
+            while True:
+                self.received.put(await layer.receive(channel))
+
+        self.task = asyncio.ensure_future(receive())
 
     def events(self, timeout: float = 0.5) -> list[dict[str, Any]]:
         """Every group event received until nothing more arrives within `timeout`."""
-
-        async def drain() -> list[dict[str, Any]]:
-            received: list[dict[str, Any]] = []
-            while True:
-                try:
-                    received.append(await asyncio.wait_for(self.layer.receive(self.channel), timeout))
-                except TimeoutError:
-                    return received
-
-        return async_to_sync(drain)()
+        events: list[dict[str, Any]] = []
+        while True:
+            try:
+                events.append(self.received.get(timeout=timeout))
+            except queue.Empty:
+                return events
 
     def frames(self, timeout: float = 0.5) -> list[dict[str, Any]]:
         """The broadcast frames among the events."""

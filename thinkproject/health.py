@@ -55,7 +55,7 @@ def channel_layer_url() -> str | None:
     """The Redis URL of the default channel layer (None when it is not a Redis layer)."""
     layer: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
     hosts = layer.get("CONFIG", {}).get("hosts") or []
-    if "redis" not in layer.get("BACKEND", "") or not hosts:
+    if "redis" not in str(layer.get("BACKEND", "")).lower() or not hosts:
         return None
     host = hosts[0]
     if isinstance(host, dict):

@@ -117,10 +117,10 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", 
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # channels_redis's pub/sub layer, plus one round trip for every turn's frames of a flusher tick
+        # (chat/layers.py); channels_redis.core.RedisChannelLayer works too, at a higher cost per frame.
+        "BACKEND": "chat.layers.RedisFanoutLayer",
         "CONFIG": {
-            # redis-py 8 defaults socket_timeout to 5 s, the same as channels_redis's blocking-pop
-            # timeout, so idle receives would time out; give reads headroom.
             # After a Redis restart, pooled connections are dead; retry a command once on a fresh one
             # rather than fail it (redis-py retries nothing by default on a pool it did not create).
             "hosts": [
@@ -132,10 +132,6 @@ CHANNEL_LAYERS = {
                 }
             ],
             "prefix": os.environ.get("CHANNELS_PREFIX", "think"),
-            # Frames are batched, so 1000 group messages per consumer is minutes of backlog.
-            "capacity": 1000,
-            "expiry": 60,
-            "group_expiry": 86400,
         },
     }
 }

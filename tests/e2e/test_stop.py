@@ -15,6 +15,7 @@ from recovery.fibers import fiber_request_cancel
 from recovery.models import Fiber, Segment
 from tests.support import (
     ChatClient,
+    StreamLog,
     chat_request,
     numbers,
     user_message,
@@ -61,7 +62,9 @@ async def test_a_cancel_stops_a_silent_turn_long_before_its_heartbeat(
     name = f"stop-{uuid.uuid4().hex[:8]}"
     async with ChatClient(own_workers.port, name) as client:
         await client.send(chat_request("r-1", [user_message("count to 50 [stall after 3]")]))
-        log = await client.follow("r-1", stop_after=6, timeout=30)  # start, step, text start, 1 2 3
+        log = StreamLog()
+        while log.text != numbers(3):  # then the model goes quiet
+            await client.follow("r-1", log, stop_after=len(log.chunks) + 1, timeout=30)
         await asyncio.sleep(0.3)  # stalled: the turn has nothing more to write
         assert await sync_to_async(stored_seq)("r-1") == log.seqs[-1]
         await client.send({"type": "cf_agent_chat_request_cancel", "id": "r-1"})

@@ -161,10 +161,12 @@ class Clock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    import recovery.flusher
     import recovery.stream
 
     fake = Clock()
     monkeypatch.setattr(recovery.stream, "time", fake)
+    monkeypatch.setattr(recovery.flusher, "time", fake)
     return fake
 
 
@@ -188,7 +190,8 @@ async def test_a_flush_observes_its_size_and_its_oldest_chunks_wait(
     await stream.flush()
     await stream.flush()  # an empty buffer: nothing flushed, nothing observed
 
-    assert [len(batch) for batch in published.batches] == [25]
+    # The 24 deltas of one part were coalesced into one chunk: two frames, 25 chunks observed.
+    assert [len(batch) for batch in published.batches] == [2]
     assert sorted(metric_calls) == ["think_stream_chunk_latency_seconds", "think_stream_flush_chunks"]
     assert (flushes.value, chunks.value) == (1, 25)
     assert latency.value == pytest.approx(0.25)  # the oldest chunk's wait, not the newest's

@@ -1,0 +1,34 @@
+"""The channel layer the chat apps want: channels_redis's pub/sub layer, plus a batched group send.
+
+`RedisPubSubChannelLayer` delivers a group message with one `PUBLISH` (no per-consumer queues in
+Redis, no polling: each web process holds one subscription connection and hands messages to its
+consumers); `group_send_many` sends many groups' messages in one pipelined round trip, which is what
+the worker's flusher does with every turn's frames of a tick (`chat.broadcast.publish_frames_many`).
+
+A message published while a web process is not subscribed (a Redis restart, a reconnect) is lost, as
+with any pub/sub; every frame carries its `seq`, and a consumer fills a gap, or a silence, from
+Postgres (`chat.consumers`), so nothing a client must see depends on the layer delivering it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels_redis.pubsub import RedisPubSubChannelLayer
+
+
+class RedisFanoutLayer(RedisPubSubChannelLayer):
+    async def group_send_many(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        """Send each (group, message) pair, all of them in one round trip per Redis shard."""
+        layer = self._get_layer()
+        by_shard: dict[Any, list[tuple[str, bytes]]] = {}
+        for group, message in sends:
+            channel = layer._get_group_channel_name(group)
+            by_shard.setdefault(layer._get_shard(channel), []).append((channel, self.serialize(message)))
+        for shard, items in by_shard.items():
+            async with shard._lock:
+                shard._ensure_redis()
+                pipeline = shard._redis.pipeline(transaction=False)
+                for channel, data in items:
+                    pipeline.publish(channel, data)
+                await pipeline.execute()
