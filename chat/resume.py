@@ -115,7 +115,7 @@ def _finalize_orphan(stream: Stream) -> Replay:
 
     from .services import message_upsert
 
-    frames, last = _replay_frames(stream)  # before the message is stored: it may extend one
+    frames, last = _replay_frames(stream, _extended_message(stream))  # before the message is stored
     with transaction.atomic():
         Conversation.objects.select_for_update().filter(pk=stream.conversation_id).first()
         partial, _ = stream_partial(stream)
@@ -126,19 +126,19 @@ def _finalize_orphan(stream: Stream) -> Replay:
     return Replay([*frames, end], last + 1, messages=messages_list(conversation_id=stream.conversation_id))
 
 
-def _replay_frames(stream: Stream) -> tuple[list[str], int]:
+def _replay_frames(stream: Stream, base: dict[str, Any] | None) -> tuple[list[str], int]:
     """Every stored chunk of a stream still running (or orphaned), for a client that ACKed it.
 
     A continuation's chunks extend a stored message that the client may not show the way the
     continuation's first frames found it (it reloaded, or reconnected, in the middle). So its replay
-    is the whole message: that message as chunks under a `start` naming it, then the continuation's
-    own chunks, none flagged as a continuation. Every client resets a message whose replayed `start`
-    names it, so each shows the message once, whole, then follows the live tail in place.
+    is the whole message, `base` (`_extended_message`): that message as chunks under a `start` naming
+    it, then the continuation's own chunks, none flagged as a continuation. Every client resets a
+    message whose replayed `start` names it, so each shows the message once, whole, then follows the
+    live tail in place.
     """
     chunks = stream_chunks(stream.pk)
     last = chunks[-1][0] if chunks else -1
     rid = stream.request_id
-    base = _extended_message(stream)
     if base is None:
         frames = [
             response_frame(rid, body, replay=True, seq=seq, continuation=stream.is_continuation)
@@ -191,7 +191,7 @@ def _finished_replay(stream: Stream | None) -> tuple[list[str], int]:
         return [], -1
     if stream.is_continuation:
         return [], stream_last_seq(stream.pk)
-    return _replay_frames(stream)
+    return _replay_frames(stream, _extended_message(stream))
 
 
 def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
@@ -202,12 +202,16 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
     if active is not None and _orphaned(active):
         return _finalize_orphan(active)
     if active is not None:
-        frames, last = _replay_frames(active)
-        whole = _extended_message(active) is not None  # replayed as the whole message, not a continuation
-        tail = response_frame(
-            request_id, replay=True, replay_complete=True, continuation=active.is_continuation and not whole
-        )
-        return Replay([*frames, tail], last)
+        # The turn may end (message stored, stream closed: one transaction) while this reads. So the
+        # message is read first, then the stream again: still running, the message is as the turn
+        # found it, without the chunks read next (all of them, if it ends meanwhile). Ended, the
+        # message may hold them already: the stream is answered as a finished one.
+        base = _extended_message(active)
+        if Stream.objects.filter(pk=active.pk, status=Stream.Status.STREAMING).exists():
+            frames, last = _replay_frames(active, base)
+            continuation = active.is_continuation and base is None
+            tail = response_frame(request_id, replay=True, replay_complete=True, continuation=continuation)
+            return Replay([*frames, tail], last)
     terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
     stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
     frames, last = _finished_replay(stream)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import pytest
 
-from chat.models import Conversation
-from chat.resume import probe_answer
+import chat.resume
+from chat.models import Conversation, Message
+from chat.resume import ack_replay, probe_answer
 from recovery.incidents import RECOVERING_FLAG_TTL_MS
-from recovery.models import Fiber, Stream
+from recovery.models import Fiber, Segment, Stream
 
 pytestmark = pytest.mark.django_db
 
@@ -87,3 +90,70 @@ def test_a_continuation_is_owned_by_the_connection_that_answered_the_tool(conver
         async_to_sync(connection_leave)("specific.owner!1")
     gone = probe_answer(conversation_id=conversation.pk, channel_name="specific.other!2")
     assert gone.kind == "resuming", "an owner that left no longer holds the continuation"
+
+
+def approval_continuation(conversation: Conversation) -> tuple[dict[str, Any], Stream]:
+    """An approval continuation running: its message holds the approved call, two chunks are stored."""
+    call = {"toolCallId": "call_1", "type": "tool-delete_file", "input": {}}
+    approved = {**call, "state": "approval-responded", "approval": {"id": "a1", "approved": True}}
+    Message.objects.create(
+        conversation=conversation, message_id="m", role="assistant", parts=[approved], position=0
+    )
+    continuation_stream(conversation, owner="")
+    stream = Stream.objects.get(request_id="c1")
+    chunks = [{"type": "start"}, {"type": "tool-output-available", "toolCallId": "call_1", "output": "done"}]
+    body = "\n".join(json.dumps(c, separators=(",", ":")) for c in chunks)
+    Segment.objects.create(stream=stream, seq_start=0, seq_end=1, body=body, fencing=0)
+    return call, stream
+
+
+def finish(call: dict[str, Any], stream: Stream) -> None:
+    """What the turn's end commits: the message with the continuation's parts, stream and fiber closed."""
+    settled = {**call, "state": "output-available", "output": "done"}
+    Message.objects.filter(message_id="m").update(parts=[settled, {"type": "text", "text": "ok"}])
+    Stream.objects.filter(pk=stream.pk).update(status=Stream.Status.COMPLETED)
+    Fiber.objects.filter(request_id="c1").update(status=Fiber.Status.COMPLETED)
+
+
+def test_an_ack_seeing_the_stream_run_and_then_the_message_finished_is_answered_as_finished(
+    conversation: Conversation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn ends between the ACK's read of the stream and of the message. The message read then
+    already holds the continuation's chunks: replayed as well, they would show twice."""
+    call, stream = approval_continuation(conversation)
+    read = chat.resume._extended_message
+
+    def finish_then_read(s: Stream) -> dict[str, Any] | None:
+        finish(call, stream)
+        return read(s)
+
+    monkeypatch.setattr(chat.resume, "_extended_message", finish_then_read)
+    replay = ack_replay(conversation_id=conversation.pk, request_id="c1")
+    bodies = [json.loads(f)["body"] for f in replay.frames]
+    assert bodies == [""], "a finished continuation's chunks are in the message: only its end is sent"
+    assert json.loads(replay.frames[-1])["done"] is True
+    assert replay.snapshot is not None and replay.snapshot[0]["parts"][1] == {"type": "text", "text": "ok"}
+
+
+def test_an_ack_racing_the_end_while_reading_chunks_replays_them_as_the_continuation(
+    conversation: Conversation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn ends while the chunks are read, after the message was: that message does not hold
+    them, so they are replayed, as the continuation the client appends to the approved call."""
+    call, stream = approval_continuation(conversation)
+    read = chat.resume.stream_chunks
+
+    def read_then_finish(stream_id: object, **kwargs: Any) -> list[tuple[int, str]]:
+        found = read(stream_id, **kwargs)
+        finish(call, stream)
+        return found
+
+    monkeypatch.setattr(chat.resume, "stream_chunks", read_then_finish)
+    replay = ack_replay(conversation_id=conversation.pk, request_id="c1")
+    frames = [json.loads(f) for f in replay.frames]
+    assert [json.loads(f["body"]) for f in frames[:2]] == [
+        {"type": "start"},
+        {"type": "tool-output-available", "toolCallId": "call_1", "output": "done"},
+    ]
+    assert all(f["continuation"] for f in frames), "appended to the message the client shows"
+    assert frames[-1]["replayComplete"] is True

@@ -181,7 +181,7 @@ def test_a_client_tool_round_trip(stack: Any, node: str) -> None:
         "ToolAgent",
         name,
         "clientTool",
-        prompt="[tool get_location {}]",
+        prompt="[tool get_location {}] [rate 20]",  # paced: the continuation still runs at the ACK
         tool="get_location",
         output=output,
         clientTools=CLIENT_TOOLS,
@@ -237,7 +237,9 @@ def approval_run(stack: Any, node: str) -> Iterator[dict[str, Any]]:
     """One approval round trip, shared by the tests of the server's side and of the client's fold."""
     tag = f"js-{uuid.uuid4().hex[:8]}"
     name = new_name("approval")
-    prompt = f'[tool delete_file {{"tag": "{tag}"}}]'
+    # Paced, so the continuation still runs when the hook ACKs it: that is the path tested here (one
+    # that ended first is answered as finished, tests/chat/test_resume.py).
+    prompt = f'[tool delete_file {{"tag": "{tag}"}}] [rate 20]'
     result = run_scenario(node, stack.port, TOOL_AGENT, name, "approval", prompt=prompt)
     yield {
         "tag": tag,
