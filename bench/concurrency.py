@@ -218,6 +218,11 @@ def marginal(turns: int, short: tuple[Run, Run], long: tuple[Run, Run]) -> None:
         f"pipeline {pipeline:.0f} us = {pipeline / max(bare, 1e-9):.1f}x a bare read ({bare:.1f} us)",
         flush=True,
     )
+    # What a turn costs to start and finish: the short run's CPU less its numbers at the marginal cost.
+    per_turn = {
+        name: (a.cpu[name] - per[name] * a.delivered / 1e6) / max(1, a.turns) * 1000 for name in a.cpu
+    }
+    print("  CPU per turn, start and finish (ms): " + "  ".join(f"{n} {v:.1f}" for n, v in per_turn.items()))
 
 
 def _is_model(pid: int) -> bool:

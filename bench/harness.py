@@ -18,6 +18,8 @@ sys.path.insert(0, str(ROOT))
 BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/thinkproject_bench")
 os.environ["DATABASE_URL"] = BENCH_DB
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "thinkproject.settings")
+# As in production: DEBUG keeps every query in memory and wraps every cursor.
+os.environ.setdefault("DJANGO_DEBUG", "0")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Keep the benchmark's queues and groups away from a dev stack on the same Redis.
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")

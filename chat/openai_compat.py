@@ -16,6 +16,7 @@ qualify; any other provider, and any agent with `Think.lean_model_read = False`,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -63,11 +64,60 @@ class LeanRequest:
     timeout: float | None
 
 
+@dataclass(frozen=True)
+class _Route:
+    """What litellm decided for a model and its parameters: everything of a request but its messages."""
+
+    name: str
+    provider: str
+    config: Any
+    optional: dict[str, Any]
+    headers: dict[str, str]
+    url: str
+    timeout: float | None
+
+
 def lean_request(model: dict[str, Any], messages: list[Any], **extra: Any) -> LeanRequest | None:
     """The request litellm would send for this streamed call, or None when it is not one to read lean.
 
     Call after litellm is loaded (it is by the time a turn streams).
     """
+    try:
+        key = json.dumps({**model, **extra}, sort_keys=True)
+    except (TypeError, ValueError):  # parameters that are not JSON: routed every time
+        route = _route(model, extra)
+    else:
+        route = _cached_route(key, model, extra)
+    if route is None:
+        return None
+    body = route.config.transform_request(
+        model=route.name, messages=messages, optional_params=route.optional, litellm_params={}, headers={}
+    )
+    body.update(body.pop("extra_body", None) or {})  # the OpenAI SDK sends extra_body's keys inline
+    return LeanRequest(
+        url=route.url,
+        headers=route.headers,
+        body=json.dumps(body).encode(),
+        model=route.name,
+        provider=route.provider,
+        timeout=route.timeout,
+    )
+
+
+_routes: dict[str, _Route | None] = {}
+MAX_ROUTES = 256
+
+
+def _cached_route(key: str, model: dict[str, Any], extra: dict[str, Any]) -> _Route | None:
+    """A turn's steps, and every turn of an agent, route the same model the same way: once."""
+    if key not in _routes:
+        if len(_routes) >= MAX_ROUTES:
+            _routes.pop(next(iter(_routes)))
+        _routes[key] = _route(model, extra)
+    return _routes[key]
+
+
+def _route(model: dict[str, Any], extra: dict[str, Any]) -> _Route | None:
     litellm = load_litellm()
     from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
     from litellm.types.utils import LlmProviders
@@ -100,17 +150,12 @@ def lean_request(model: dict[str, Any], messages: list[Any], **extra: Any) -> Le
         custom_llm_provider=provider,
         stream=True,
         stream_options={"include_usage": True},
-        messages=messages,
         **params,
     )
-    body = config.transform_request(
-        model=name, messages=messages, optional_params=optional, litellm_params={}, headers={}
-    )
-    body.update(body.pop("extra_body", None) or {})  # the OpenAI SDK sends extra_body's keys inline
     headers = config.validate_environment(
         headers=dict(kwargs.get("extra_headers") or {}),
         model=name,
-        messages=messages,
+        messages=[],
         optional_params=optional,
         litellm_params={},
         api_key=api_key,
@@ -125,12 +170,13 @@ def lean_request(model: dict[str, Any], messages: list[Any], **extra: Any) -> Le
         stream=True,
     )
     timeout = kwargs.get("timeout")
-    return LeanRequest(
-        url=url,
-        headers={str(k): str(v) for k, v in headers.items()},
-        body=json.dumps(body).encode(),
-        model=name,
+    return _Route(
+        name=name,
         provider=provider,
+        config=config,
+        optional=optional,
+        headers={str(k): str(v) for k, v in headers.items()},
+        url=url,
         timeout=float(timeout) if isinstance(timeout, int | float) else None,
     )
 
@@ -138,10 +184,21 @@ def lean_request(model: dict[str, Any], messages: list[Any], **extra: Any) -> Le
 def _new_session() -> Any:
     import aiohttp
 
-    # As many connections as there are turns: each stream holds one for its whole length.
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30), trust_env=True
-    )
+    # As many connections as there are turns: each stream holds one for its whole length. The proxy
+    # from the environment is looked up once per URL (`_proxy`), not on every request.
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+
+
+@functools.lru_cache(maxsize=256)
+def _proxy(url: str) -> tuple[Any, Any]:
+    """The proxy the environment (HTTPS_PROXY, NO_PROXY, ...) names for this URL: (proxy, auth)."""
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        return get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
 
 
 @contextlib.asynccontextmanager
@@ -169,7 +226,12 @@ async def stream(request: LeanRequest) -> AsyncGenerator[Event, None]:
         async with (
             _session() as session,
             session.post(
-                request.url, data=request.body, headers=request.headers, timeout=timeout
+                request.url,
+                data=request.body,
+                headers=request.headers,
+                timeout=timeout,
+                proxy=_proxy(request.url)[0],
+                proxy_auth=_proxy(request.url)[1],
             ) as response,
         ):
             if response.status != 200:

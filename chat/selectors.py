@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from django.db import connection
 
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks
@@ -15,27 +18,62 @@ def conversation_get(*, agent: str, name: str) -> Conversation | None:
     return Conversation.objects.filter(agent=agent, name=name).first()
 
 
+_MESSAGES = (
+    "SELECT message_id, role, parts, metadata FROM {message} WHERE conversation_id = %s ORDER BY position"
+)
+_COMPACTIONS = (
+    "SELECT compaction_id, from_message_id, to_message_id, summary FROM {compaction}"
+    " WHERE conversation_id = %s ORDER BY created_at"
+)
+
+
 def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, Any]]:
-    """The transcript as UIMessages, in order; compacted ranges show as their summary unless `raw`."""
-    rows = list(Message.objects.filter(conversation_id=conversation_id).order_by("position"))
-    overlays = [] if raw else list(Compaction.objects.filter(conversation_id=conversation_id))
+    """The transcript as UIMessages, in order; compacted ranges show as their summary unless `raw`.
+
+    Read with plain statements: every turn reads its transcript at least twice.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_MESSAGES.format(message=Message._meta.db_table), [conversation_id])
+        rows = [_ui_message(*row) for row in cursor.fetchall()]
+        if raw:
+            return rows
+        cursor.execute(_COMPACTIONS.format(compaction=Compaction._meta.db_table), [conversation_id])
+        overlays = [
+            Compaction(compaction_id=c, from_message_id=f, to_message_id=t, summary=text)
+            for c, f, t, text in cursor.fetchall()
+        ]
     if not overlays:
-        return [m.as_ui_message() for m in rows]
-    index = {row.message_id: i for i, row in enumerate(rows)}
+        return rows
+    index = {row["id"]: i for i, row in enumerate(rows)}
     spans = sorted(
         (index[o.from_message_id], index[o.to_message_id], o)
         for o in overlays
         if o.from_message_id in index and o.to_message_id in index
     )
     messages: list[dict[str, Any]] = []
-    cursor = 0
+    cursor_at = 0
     for start, end, overlay in spans:
-        if start < cursor or end < start:
+        if start < cursor_at or end < start:
             continue  # superseded or malformed: the messages stay visible
-        messages += [m.as_ui_message() for m in rows[cursor:start]]
+        messages += rows[cursor_at:start]
         messages.append(overlay.as_ui_message())
-        cursor = end + 1
-    return messages + [m.as_ui_message() for m in rows[cursor:]]
+        cursor_at = end + 1
+    return messages + rows[cursor_at:]
+
+
+def _ui_message(message_id: str, role: str, parts: Any, metadata: Any) -> dict[str, Any]:
+    """A message row as its UIMessage (as Message.as_ui_message does)."""
+    message: dict[str, Any] = {"id": message_id, "role": role, "parts": _json(parts)}
+    if metadata is not None:
+        decoded = _json(metadata)
+        if decoded is not None:
+            message["metadata"] = decoded
+    return message
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column read with a plain cursor (Django leaves its decoding to the model field)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def active_stream(*, conversation_id: int) -> Stream | None:

@@ -5,18 +5,18 @@ Every write that clients must hear about is followed by a broadcast after its tr
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from recovery.fibers import LeaseLost, fiber_create, fiber_finish, fibers_fence_out, next_pending_fiber
+from recovery.fibers import LeaseLost, fiber_create, fibers_fence_out, next_pending_fiber
 from recovery.models import Fiber, Stream
-from recovery.stream import stream_close
 
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 from .limits import turn_refusal
@@ -304,41 +304,137 @@ class TurnOutcome:
     foreign_updates: list[dict[str, Any]] = field(default_factory=list)
 
 
+_FINISH_LOCK = "SELECT tool_updates, continue_armed FROM {conversation} WHERE id = %s FOR UPDATE"
+_FIBER_FINISH = """
+UPDATE {fiber} SET status = %(status)s, error = %(error)s, finished_at = now(), lease_expires_at = NULL,
+    lease_owner = ''
+WHERE id = %(fiber)s AND fencing = %(fencing)s AND status = 'running'
+RETURNING request_id, snapshot
+"""
+_MESSAGE_UPDATE = """
+UPDATE {message} SET parts = %(parts)s::jsonb, metadata = %(metadata)s::jsonb, updated_at = now()
+WHERE conversation_id = %(conversation)s AND message_id = %(id)s
+RETURNING id
+"""
+# A turn's message goes right after the message its turn answered, even if newer messages were queued
+# meanwhile (a second request accepted while the first streamed); at the end when that one is gone.
+_MESSAGE_PLACE = """
+WITH anchor AS (
+    SELECT position FROM {message} WHERE conversation_id = %(conversation)s AND message_id = %(after)s
+), shift AS (
+    UPDATE {message} SET position = position + 1
+    WHERE conversation_id = %(conversation)s AND position > (SELECT position FROM anchor)
+    RETURNING 1
+)
+INSERT INTO {message} (conversation_id, message_id, role, parts, metadata, position, created_at, updated_at)
+VALUES (
+    %(conversation)s, %(id)s, %(role)s, %(parts)s::jsonb, %(metadata)s::jsonb,
+    COALESCE(
+        (SELECT position FROM anchor) + 1,
+        (SELECT COALESCE(max(position), -1) + 1 FROM {message} WHERE conversation_id = %(conversation)s)
+    ),
+    now(), now()
+)
+"""
+_STREAM_CLOSE = "UPDATE {stream} SET status = %s, completed_at = now() WHERE id = %s AND status = 'streaming'"
+_TERMINAL = "UPDATE {conversation} SET last_terminal = %s::jsonb, updated_at = now() WHERE id = %s"
+# What follows the turn: the next queued turn, and whether submissions wait on this conversation.
+_AFTER = """
+SELECT (SELECT id FROM {fiber} WHERE conversation_id = %(conversation)s AND status = 'pending'
+        AND NOT EXISTS (SELECT 1 FROM {fiber} WHERE conversation_id = %(conversation)s AND status = 'running')
+        ORDER BY created_at LIMIT 1),
+    EXISTS (SELECT 1 FROM {submission} WHERE conversation_id = %(conversation)s
+            AND status IN ('pending', 'running'))
+"""
+
+
+def _tables() -> dict[str, str]:
+    from .models import Submission
+
+    return {
+        "conversation": Conversation._meta.db_table,
+        "message": Message._meta.db_table,
+        "fiber": Fiber._meta.db_table,
+        "stream": Stream._meta.db_table,
+        "submission": Submission._meta.db_table,
+    }
+
+
 def turn_finish(
     *, fiber_id: Any, fencing: int, conversation_id: int, stream_id: Any, outcome: TurnOutcome
 ) -> None:
-    """Persist the assistant message and close stream and fiber in one transaction, fenced."""
-    with transaction.atomic():
-        conversation = _lock_conversation(conversation_id)
-        fiber_finish(fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or "")
-        fiber = Fiber.objects.only("request_id", "snapshot").get(pk=fiber_id)
-        chat = (fiber.snapshot or {}).get("chat") or {}
+    """Persist the assistant message and close stream and fiber in one transaction, fenced.
+
+    Every turn pays for this, so its common case is a handful of plain statements; answers buffered
+    while it ran (and the continuation they complete) take the ORM path of `interactions_settle`.
+    """
+    tables = _tables()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_FINISH_LOCK.format(**tables), [conversation_id])
+        tool_updates, continue_armed = cursor.fetchone()
+        finish = {
+            "status": outcome.status,
+            "error": outcome.terminal or "",
+            "fiber": fiber_id,
+            "fencing": fencing,
+        }
+        cursor.execute(_FIBER_FINISH.format(**tables), finish)
+        finished = cursor.fetchone()
+        if finished is None:
+            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+        request_id, snapshot = finished[0], _json(finished[1])
+        chat = (snapshot or {}).get("chat") or {}
         if outcome.message is not None:
-            message_place(
-                conversation_id=conversation_id,
-                message=outcome.message,
-                after_message_id=chat.get("latestMessageId"),
-            )
+            _message_store(cursor, tables, conversation_id, outcome.message, chat.get("latestMessageId"))
         if outcome.foreign_updates:
             foreign_updates_apply(conversation_id=conversation_id, updates=outcome.foreign_updates)
-        interactions_settle(conversation)
+        terminal = {"requestId": request_id, "body": outcome.terminal} if outcome.terminal else None
+        if _json(tool_updates) or continue_armed:  # answers arrived meanwhile: apply them (ORM)
+            conversation = Conversation.objects.get(pk=conversation_id)
+            interactions_settle(conversation)
+            conversation.last_terminal = terminal
+            conversation.save(update_fields=["last_terminal", "tool_updates", "continue_armed", "updated_at"])
+        else:
+            cursor.execute(_TERMINAL.format(**tables), [json.dumps(terminal), conversation_id])
         if stream_id is not None:
-            stream_close(stream_id=stream_id, status=outcome.stream_status)
-        conversation.last_terminal = (
-            {"requestId": fiber.request_id, "body": outcome.terminal} if outcome.terminal else None
-        )
-        conversation.save(update_fields=["last_terminal", "tool_updates", "continue_armed", "updated_at"])
-        root = chat.get("recoveryRootRequestId") or fiber.request_id
-        transaction.on_commit(lambda: turn_after(conversation_id=conversation_id, root_request_id=root))
+            cursor.execute(_STREAM_CLOSE.format(**tables), [outcome.stream_status, stream_id])
+        cursor.execute(_AFTER.format(**tables), {"conversation": conversation_id})
+        pending, submissions = cursor.fetchone()
+        root = chat.get("recoveryRootRequestId") or request_id
+        transaction.on_commit(lambda: _turn_after(conversation_id, pending, submissions, root))
 
 
-def turn_after(*, conversation_id: int, root_request_id: str) -> None:
-    """After a turn: start the next queued one, settle its submission, drain waiting submissions."""
+def _message_store(
+    cursor: Any, tables: dict[str, str], conversation_id: int, message: dict[str, Any], after: str | None
+) -> None:
+    params = {
+        "conversation": conversation_id,
+        "id": message["id"],
+        "role": message["role"],
+        "parts": json.dumps(message.get("parts", [])),
+        "metadata": json.dumps(message["metadata"]) if message.get("metadata") is not None else None,
+        "after": after,
+    }
+    cursor.execute(_MESSAGE_UPDATE.format(**tables), params)  # a continuation's: the message it extends
+    if cursor.fetchone() is None:
+        cursor.execute(_MESSAGE_PLACE.format(**tables), params)
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column read with a plain cursor (Django leaves its decoding to the model field)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _turn_after(conversation_id: int, pending: Any, submissions: bool, root_request_id: str) -> None:
+    """After a turn: start the next queued one; settle its submission and drain waiting ones."""
     from .submissions import submission_turn_finished, submissions_drain
+    from .tasks import run_turn
 
-    turn_enqueue_next(conversation_id=conversation_id)
-    submission_turn_finished(conversation_id=conversation_id, root_request_id=root_request_id)
-    submissions_drain(conversation_id=conversation_id)
+    if pending is not None:
+        run_turn.delay(str(pending))
+    if submissions:
+        submission_turn_finished(conversation_id=conversation_id, root_request_id=root_request_id)
+        submissions_drain(conversation_id=conversation_id)
 
 
 def interactions_settle(conversation: Conversation) -> None:

@@ -96,11 +96,6 @@ def _stored_message(stream_id: Any) -> MessageAccumulator:
     return stream_partial(Stream.objects.get(pk=stream_id))[0]
 
 
-def _load(conversation_id: int) -> tuple[Conversation, list[dict[str, Any]]]:
-    conversation = Conversation.objects.get(pk=conversation_id)
-    return conversation, messages_list(conversation_id=conversation_id)
-
-
 class TurnRunner:
     def __init__(self, claim: Claim, *, on_chunk: ChunkCallback | None = None) -> None:
         self.claim = claim
@@ -130,13 +125,14 @@ class TurnRunner:
         self.log_extra = {"conversation_id": claim.conversation_id, "request_id": claim.request_id}
 
     async def run(self) -> None:
-        conversation, messages = await db(_load, self.conversation_id)
-        agent = agent_for(conversation.agent, conversation.name, conversation.pk)
+        conversation = self.claim.conversation  # as the claim found it, locked
+        messages = await db(messages_list, conversation_id=self.conversation_id)
+        agent = agent_for(conversation["agent"], conversation["name"], self.conversation_id)
         if self.extends_id is not None and not any(m["id"] == self.extends_id for m in messages):
             self.extends_id = None  # the message it continued is gone: the continuation is a new one
             self.message_id = str(uuid.uuid4())
             self.accumulator = MessageAccumulator(self.message_id)
-        self.client_tools = conversation.last_client_tools
+        self.client_tools = conversation.get("last_client_tools")
         try:
             await self._open_stream()
         except LeaseLost:

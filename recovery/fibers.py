@@ -7,11 +7,13 @@ second delivery of the task or a worker that wakes up after its lease moved on c
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -38,6 +40,8 @@ class Claim:
     request_id: str
     kind: str
     snapshot: dict[str, Any] | None
+    # The conversation row as the claim found it (locked): what the turn needs of it to start.
+    conversation: dict[str, Any] = field(default_factory=dict)
 
 
 def worker_identity() -> str:
@@ -56,6 +60,25 @@ def fiber_create(
     )
 
 
+_CLAIM_LOCK = """
+SELECT c.id, c.agent, c.name, c.last_client_tools
+FROM {fiber} AS f JOIN {conversation} AS c ON c.id = f.conversation_id
+WHERE f.id = %s AND f.status = 'pending'
+FOR UPDATE OF c
+"""
+# After the lock: a statement of its own, so it sees every claim committed while it waited.
+_CLAIM = """
+UPDATE {fiber} AS f SET status = 'running', fencing = f.fencing + 1, lease_owner = %(owner)s,
+    lease_expires_at = now() + %(ttl)s, heartbeat_at = now(), started_at = now()
+WHERE f.id = %(fiber)s AND f.status = 'pending' AND NOT EXISTS (
+    SELECT 1 FROM {fiber} AS o
+    WHERE o.conversation_id = f.conversation_id AND o.id <> f.id
+        AND (o.status = 'running' OR (o.status = 'pending' AND o.created_at < f.created_at))
+)
+RETURNING f.fencing, f.conversation_id, f.request_id, f.kind, f.snapshot
+"""
+
+
 def fiber_claim(*, fiber_id: Any, owner: str) -> Claim | None:
     """Take the lease of a pending fiber; None when it is not pending or its conversation is busy.
 
@@ -64,28 +87,31 @@ def fiber_claim(*, fiber_id: Any, owner: str) -> Claim | None:
     """
     from chat.models import Conversation
 
-    with transaction.atomic():
-        fiber = Fiber.objects.filter(pk=fiber_id).first()
-        if fiber is None or fiber.status != Fiber.Status.PENDING:
+    tables = {"fiber": Fiber._meta.db_table, "conversation": Conversation._meta.db_table}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_CLAIM_LOCK.format(**tables), [fiber_id])
+        locked = cursor.fetchone()
+        if locked is None:
             return None
-        Conversation.objects.select_for_update().filter(pk=fiber.conversation_id).first()
-        ahead = Fiber.objects.filter(conversation_id=fiber.conversation_id).exclude(pk=fiber.pk)
-        if ahead.filter(status=Fiber.Status.RUNNING).exists():
-            return None
-        if ahead.filter(status=Fiber.Status.PENDING, created_at__lt=fiber.created_at).exists():
-            return None
-        updated = Fiber.objects.filter(pk=fiber.pk, status=Fiber.Status.PENDING).update(
-            status=Fiber.Status.RUNNING,
-            fencing=F("fencing") + 1,
-            lease_owner=owner,
-            lease_expires_at=Now() + lease_ttl(),
-            heartbeat_at=Now(),
-            started_at=Now(),
-        )
-        if not updated:
-            return None
-        fencing = Fiber.objects.values_list("fencing", flat=True).get(pk=fiber.pk)
-    return Claim(fiber.pk, fencing, fiber.conversation_id, fiber.request_id, fiber.kind, fiber.snapshot)
+        params: dict[str, Any] = {"fiber": fiber_id, "owner": owner, "ttl": lease_ttl()}
+        cursor.execute(_CLAIM.format(**tables), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    fencing, conversation_id, request_id, kind, snapshot = row
+    conversation = {
+        "id": locked[0],
+        "agent": locked[1],
+        "name": locked[2],
+        "last_client_tools": _json(locked[3]),
+    }
+    claimed = uuid.UUID(str(fiber_id))
+    return Claim(claimed, fencing, conversation_id, request_id, kind, _json(snapshot), conversation)
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column read with a raw cursor (Django leaves its decoding to the model field)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from chat.conf import think_setting
@@ -159,24 +160,35 @@ def segment_append(
     return segments_write([entry]).get(str(fiber_id))
 
 
+_STREAM_OPEN = """
+INSERT INTO {stream}
+    (id, conversation_id, fiber_id, request_id, message_id, status, is_continuation, created_at)
+SELECT %(id)s, %(conversation)s, f.id, %(request)s, %(message)s, 'streaming', %(continuation)s, now()
+FROM {fiber} AS f WHERE f.id = %(fiber)s AND f.fencing = %(fencing)s AND f.status = 'running'
+RETURNING id
+"""
+
+
 def stream_open(
     *, conversation_id: int, fiber_id: Any, fencing: int, request_id: str, message_id: str, continuation: bool
 ) -> Any:
-    """Create the stream row of a turn, if the fiber is still ours."""
-    with transaction.atomic():
-        owned = Fiber.objects.select_for_update().filter(
-            pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING
-        )
-        if not owned.exists():
-            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
-        stream = Stream.objects.create(
-            conversation_id=conversation_id,
-            fiber_id=fiber_id,
-            request_id=request_id,
-            message_id=message_id,
-            is_continuation=continuation,
-        )
-    return stream.pk
+    """Create the stream row of a turn, if the fiber is still ours (one fenced statement)."""
+    sql = _STREAM_OPEN.format(stream=Stream._meta.db_table, fiber=Fiber._meta.db_table)
+    params: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "conversation": conversation_id,
+        "request": request_id,
+        "message": message_id,
+        "continuation": continuation,
+        "fiber": fiber_id,
+        "fencing": fencing,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+    return row[0]
 
 
 def stream_chunks(stream_id: Any, *, after_seq: int = -1) -> list[tuple[int, str]]:
