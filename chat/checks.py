@@ -13,6 +13,7 @@ from .conf import think_setting
 POSITIVE_NUMBERS = (
     "FLUSH_EVERY_CHUNKS",
     "FLUSH_INTERVAL_MS",
+    "STREAM_SILENCE_MS",
     "LEASE_TTL_S",
     "HEARTBEAT_INTERVAL_S",
     "TOKEN_MAX_AGE_S",

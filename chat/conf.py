@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
     # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.
     "CANCEL_SIGNALS": True,
+    # A connection following a live stream that hears nothing of it for this long reads the store:
+    # chunks the channel layer lost, and the end of a stream that ended (chat.silence).
+    "STREAM_SILENCE_MS": 2000,
     # Prefix of channel-layer group names, one group per conversation.
     "GROUP_PREFIX": "think",
     # Who may use which conversation (chat.access): a dotted path to an AccessPolicy subclass.

@@ -1,13 +1,16 @@
 """The chat WebSocket consumer: thin glue between frames, services and the conversation's group.
 
-Per connection it keeps three things: the request it owes a resume ACK for (no live frames until
-then), whether it is parked in the pre-stream window, and the highest seq sent per stream, which makes
-replay-then-live gap-free and duplicate-free across processes.
+Per connection it keeps four things: the request it owes a resume ACK for (no live frames until
+then), whether it is parked in the pre-stream window, the highest seq sent per stream, which makes
+replay-then-live gap-free and duplicate-free across processes, and when it last heard of each stream
+it follows live, so that a lost tail is filled from Postgres too (chat.silence).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -15,9 +18,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from recovery.fibers import fiber_request_cancel
+from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from . import protocol as p
+from . import silence
 from .access import AccessDenied, Credentials, conversation_open
 from .agents import UnknownAgent, agent_class
 from .broadcast import group_name, release_parked
@@ -25,7 +30,7 @@ from .conf import think_setting
 from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from .limits import frame_bucket, frame_limits
 from .presence import connection_join, connection_leave
-from .resume import ack_replay, connect_state, probe_answer
+from .resume import ack_replay, connect_state, probe_answer, stream_tail
 from .selectors import stream_for_request
 from .services import conversation_clear, turn_accept
 
@@ -47,6 +52,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.pending_resume: str | None = None
         self.parked = False
         self.sent_seq: OrderedDict[str, int] = OrderedDict()
+        # Streams followed live: request id -> [when to look them up if nothing comes, the wait].
+        self.following: dict[str, list[float]] = {}
+        self.order = asyncio.Lock()  # live frames, replays and fills go out one at a time, in seq order
         self.limits, self.bucket, self.throttled = frame_limits(), frame_bucket(), False
         subprotocols = list(self.scope.get("subprotocols") or [])
         await self.accept(subprotocols[0] if subprotocols else None)
@@ -89,6 +97,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         # A closed socket never stops a turn: the worker keeps streaming to the group and the database.
+        silence.unwatch(self)
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
             await connection_leave(self.channel_name)
@@ -183,6 +192,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await database_sync_to_async(conversation_clear)(conversation_id=self.conversation_id)
         self.pending_resume, self.parked = None, False
         self.sent_seq.clear()
+        self.following.clear()
         await self._group_broadcast(p.chat_clear_frame(), exclude=[self.channel_name])
         await release_parked(self.conversation_id)
 
@@ -203,15 +213,17 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def on_resumeack(self, frame: p.ResumeAck) -> None:
         if self.pending_resume == frame.id:
             self.pending_resume = None
-        # Group events wait while this handler runs, so replay and the live tail cannot interleave.
-        replay = await database_sync_to_async(ack_replay)(
-            conversation_id=self.conversation_id, request_id=frame.id
-        )
-        if replay.ignore:
-            return
-        for text in replay.frames:
-            await self.send(text)
-        self._mark_sent(frame.id, replay.last_seq)
+        async with self.order:  # live frames wait, so replay and the live tail cannot interleave
+            replay = await database_sync_to_async(ack_replay)(
+                conversation_id=self.conversation_id, request_id=frame.id
+            )
+            if replay.ignore:
+                return
+            for text in replay.frames:
+                await self.send(text)
+            self._mark_sent(frame.id, replay.last_seq)
+            if replay.live:
+                self._heard(frame.id)
         if replay.snapshot is not None:  # after the end frame, which lifts the hook's stream guard
             await self.send(p.chat_messages_frame(replay.snapshot))
         if replay.messages is not None:
@@ -222,8 +234,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         request_id = event["request_id"]
         if request_id == self.pending_resume:
             return
-        for seq, text in event["frames"]:
-            await self._send_in_order(request_id, seq, text)
+        async with self.order:
+            sent = [await self._send_in_order(request_id, seq, text) for seq, text in event["frames"]]
+            if any(sent):  # late copies of frames sent already say nothing of the stream
+                self._heard(request_id)
 
     async def think_stream_started(self, event: dict[str, Any]) -> None:
         if self.parked:
@@ -236,7 +250,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if request_id == self.pending_resume:
             self.pending_resume = None  # it will ACK and get the finished stream replayed
         else:
-            await self._send_in_order(request_id, event["seq"], event["frame"])
+            async with self.order:
+                await self._send_in_order(request_id, event["seq"], event["frame"])
+                self.following.pop(request_id, None)
 
     async def think_broadcast(self, event: dict[str, Any]) -> None:
         if self.channel_name not in event.get("exclude", ()):
@@ -248,14 +264,16 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(p.stream_resume_none_frame())
 
     # -- ordering -----------------------------------------------------------------------------------
-    async def _send_in_order(self, request_id: str, seq: int, text: str) -> None:
+    async def _send_in_order(self, request_id: str, seq: int, text: str) -> bool:
         last = self.sent_seq.get(request_id, -1)
         if seq <= last:
-            return  # already sent, by replay or by an earlier event
+            return False  # already sent, by replay or by an earlier event
         if seq > last + 1:
             await self._fill_gap(request_id, last, seq)
+            STREAM_FILLS.labels("gap").inc()
         await self.send(text)
         self._mark_sent(request_id, seq)
+        return True
 
     async def _fill_gap(self, request_id: str, last: int, upto: int) -> None:
         """Frames the channel layer did not deliver (dropped, or sent before we joined) come from Postgres."""
@@ -269,6 +287,57 @@ class ChatConsumer(AsyncWebsocketConsumer):
             if seq >= upto:
                 break
             await self.send(p.response_frame(request_id, body, seq=seq, continuation=stream.is_continuation))
+
+    # -- silence (chat.silence) -----------------------------------------------------------------------
+    def _heard(self, request_id: str) -> None:
+        """A frame of a stream this connection follows live went out: look it up after a silence."""
+        if request_id not in self.following:
+            silence.watch(self)
+        wait = silence.silence_wait()
+        self.following[request_id] = [time.monotonic() + wait, wait]
+
+    async def look_for_silence(self, now: float) -> None:
+        for request_id, (due, _) in list(self.following.items()):
+            if due <= now:
+                async with self.order:
+                    if request_id in self.following:  # not ended while this waited
+                        await self._fill_silence(request_id)
+
+    async def _fill_silence(self, request_id: str) -> None:
+        """What the store holds past the last chunk sent: chunks, and the end and the transcript once
+        the stream has ended. Nothing new: looked up again after twice the wait (a stalled model)."""
+        tail = await database_sync_to_async(stream_tail)(
+            conversation_id=self.conversation_id,
+            request_id=request_id,
+            after_seq=self.sent_seq.get(request_id, -1),
+        )
+        for seq, text in tail.frames:
+            await self.send(text)
+            self._mark_sent(request_id, seq)
+        if tail.end is not None or tail.gone:
+            self.following.pop(request_id, None)
+        if tail.end is not None:
+            seq, text = tail.end
+            if seq > self.sent_seq.get(request_id, -1):
+                await self.send(text)
+                self._mark_sent(request_id, seq)
+            if tail.snapshot is not None:
+                await self.send(p.chat_messages_frame(tail.snapshot))
+        if tail.frames or tail.end is not None:
+            STREAM_FILLS.labels("silence").inc()
+            logger.info(
+                "stream %s was silent: %s chunks%s filled from Postgres",
+                request_id,
+                len(tail.frames),
+                " and its end" if tail.end is not None else "",
+                extra=self._log_extra(),
+            )
+        if tail.end is None and not tail.gone:
+            if tail.frames:
+                self._heard(request_id)
+            else:
+                wait = min(self.following[request_id][1] * 2, silence.SILENCE_MAX_WAIT_S)
+                self.following[request_id] = [time.monotonic() + wait, wait]
 
     def _mark_sent(self, request_id: str, seq: int) -> None:
         self.sent_seq[request_id] = max(seq, self.sent_seq.get(request_id, -1))

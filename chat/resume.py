@@ -101,6 +101,7 @@ class Replay:
     ignore: bool = False  # an ACK for a stream other than the active one
     messages: list[dict[str, Any]] | None = None  # a finalised orphan changed the transcript: for all
     snapshot: list[dict[str, Any]] | None = None  # the transcript, for the acking connection only
+    live: bool = False  # the stream still runs: its live tail follows
 
 
 def _orphaned(stream: Stream) -> bool:
@@ -211,7 +212,7 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
             frames, last = _replay_frames(active, base)
             continuation = active.is_continuation and base is None
             tail = response_frame(request_id, replay=True, replay_complete=True, continuation=continuation)
-            return Replay([*frames, tail], last)
+            return Replay([*frames, tail], last, live=True)
     terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
     stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
     frames, last = _finished_replay(stream)
@@ -222,3 +223,57 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
     continuation = stream.is_continuation if stream is not None else False
     end = response_frame(request_id, done=True, replay=True, continuation=continuation, seq=last + 1)
     return Replay([*frames, end], last + 1, snapshot=snapshot)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What the store holds of a stream past the last chunk a connection sent (chat.silence)."""
+
+    frames: list[tuple[int, str]]  # (seq, frame) of the chunks stored after it
+    end: tuple[int, str] | None = None  # (seq, frame): the stream has ended
+    snapshot: list[dict[str, Any]] | None = None  # the transcript, after the end
+    gone: bool = False  # no such stream any more (the conversation was cleared)
+
+
+# The outcome an end frame read from the store carries, from the status of the stream's fiber.
+_OUTCOMES: dict[str, str] = {
+    Fiber.Status.COMPLETED: "completed",
+    Fiber.Status.CANCELLED: "aborted",
+    Fiber.Status.FAILED: "error",
+    Fiber.Status.INTERRUPTED: "recovering",
+    Fiber.Status.RECOVERED: "recovering",
+}
+
+
+def stream_tail(*, conversation_id: int, request_id: str, after_seq: int) -> Tail:
+    """The chunks of a followed stream stored after `after_seq`, then its end once it has ended.
+
+    The stream's status is read before its chunks: a stream seen ended has all of them stored. Its
+    end frame is built from the store as the live one was (seq after the last stored chunk, the
+    recorded error of a failed turn); its `outcome` is told by the fiber's status.
+    """
+    stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
+    if stream is None:
+        return Tail([], gone=True)
+    chunks = stream_chunks(stream.pk, after_seq=after_seq)
+    continuation = stream.is_continuation
+    frames = [
+        (seq, response_frame(request_id, body, seq=seq, continuation=continuation)) for seq, body in chunks
+    ]
+    if stream.status == Stream.Status.STREAMING:
+        return Tail(frames)
+    seq = (chunks[-1][0] if chunks else stream_last_seq(stream.pk)) + 1
+    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
+    if isinstance(terminal, dict) and terminal.get("requestId") == request_id:
+        body = str(terminal.get("body", ""))
+        end = response_frame(
+            request_id, body, done=True, error=True, continuation=continuation, seq=seq, outcome="error"
+        )
+    else:
+        fibers = (
+            Fiber.objects.filter(pk=stream.fiber_id) if stream.fiber_id is not None else Fiber.objects.none()
+        )
+        status = fibers.values_list("status", flat=True).first()
+        outcome = _OUTCOMES.get(status) if status is not None else None
+        end = response_frame(request_id, done=True, continuation=continuation, seq=seq, outcome=outcome)
+    return Tail(frames, (seq, end), messages_list(conversation_id=conversation_id))

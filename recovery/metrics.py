@@ -63,6 +63,12 @@ def _configure_multiprocess() -> None:
 _configure_multiprocess()
 
 TURNS = Counter("think_turns", "Turns that ended, by outcome.", ["outcome"])
+STREAM_FILLS = Counter(
+    "think_stream_fills",
+    "Times a connection read from Postgres what the channel layer did not deliver: a gap before a "
+    "later frame, or a stream that fell silent.",
+    ["cause"],
+)
 RECOVERIES = Counter(
     "think_recoveries", "Recoveries that reached an outcome, with its reason.", ["outcome", "reason"]
 )
