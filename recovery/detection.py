@@ -86,23 +86,55 @@ def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
     )
 
 
-# A pending fiber whose task was lost (its process died between commit and enqueue) runs after this long.
+# A pending fiber whose task was lost is sent again: its process died between commit and enqueue, or a
+# worker took the task and died before claiming the fiber (acks_late: the broker gives such a task back
+# only after its visibility timeout, hours). While the turn queue is empty, no task of it waits there,
+# so it is sent again soon; while turns queue up, it may be one of them: it is sent after the long wait.
 REQUEUE_AFTER = timedelta(seconds=30)
+REQUEUE_IDLE_AFTER = timedelta(seconds=2)
 
 
 def fibers_requeue_stale(*, limit: int = 100) -> int:
     """Enqueue again the head pending fiber of conversations where nothing runs and nothing moved.
 
     Delivering run_turn twice is harmless (the claim lets one through); each fiber is re-sent at most
-    once per REQUEUE_AFTER, so a busy queue is not flooded.
+    once per wait (REQUEUE_IDLE_AFTER while the turn queue is empty, else REQUEUE_AFTER), so a busy
+    queue is not flooded.
     """
     from chat.services import turn_enqueue_next
 
-    stale = Fiber.objects.filter(status=Fiber.Status.PENDING, created_at__lt=Now() - REQUEUE_AFTER).filter(
-        Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=Now() - REQUEUE_AFTER)
-    )
+    stale = _pending_for(REQUEUE_IDLE_AFTER)
+    if not stale.exists():
+        return 0  # the common case, without a look at the broker
+    if turn_queue_size() != 0:
+        stale = _pending_for(REQUEUE_AFTER)
     conversations = list(stale.values_list("conversation_id", flat=True).distinct()[:limit])
     for conversation_id in conversations:
         stale.filter(conversation_id=conversation_id).update(heartbeat_at=Now())
         turn_enqueue_next(conversation_id=conversation_id)
     return len(conversations)
+
+
+def _pending_for(wait: timedelta) -> Any:
+    """Pending fibers older than `wait` that were not sent again within it either."""
+    return Fiber.objects.filter(status=Fiber.Status.PENDING, created_at__lt=Now() - wait).filter(
+        Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=Now() - wait)
+    )
+
+
+def turn_queue_size() -> int | None:
+    """Messages waiting in the broker queue run_turn is routed to; None when the broker cannot tell."""
+    from celery import current_app
+
+    from chat.tasks import run_turn
+
+    try:
+        queue = current_app.amqp.router.route({}, run_turn.name)["queue"].name
+        with current_app.connection_for_read() as connection:
+            channel: Any = connection.default_channel
+            return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except Exception as exc:
+        if str(getattr(exc, "reply_code", "")) == "404":  # never declared: nothing was sent to it
+            return 0
+        logger.warning("the turn queue's length could not be read: %s", exc)  # the long wait it is
+        return None
