@@ -164,7 +164,7 @@ async def main(args: argparse.Namespace) -> None:
 
     with log_dir() as logs, scripted_model_process(logs, args.rate) as model_url:
         env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
-        daphne, port = start_daphne(env, logs)
+        daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
         workers = []
         model_pid = next(p for p in procstat.tree_pids(os.getpid()) if _is_model(p))
         try:

@@ -66,7 +66,7 @@ class Stack:
         from tests.support import start_beat, start_daphne
 
         self.env, self.logs = env, logs
-        self.daphne, self.port = start_daphne(env, logs)
+        self.daphne, self.port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
         self.beat = start_beat(env, logs)
         self.worker = self.new_worker()
 

@@ -66,7 +66,7 @@ async def main(rounds: int) -> None:
         env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
         procs = []
         try:
-            daphne, port = start_daphne(env, logs)
+            daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
             procs.append(daphne)
             procs.append(start_beat(env, logs))
             workers = [start_worker(env, logs, name="bench-worker") for _ in range(2)]

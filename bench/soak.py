@@ -101,7 +101,7 @@ class Stack:
         from tests.support import start_beat, start_daphne, start_worker
 
         self.env, self.logs = env, logs
-        self.daphne, self.port = start_daphne(env, logs)
+        self.daphne, self.port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
         self.beat = start_beat(env, logs)
         self.worker = start_worker(env, logs, name="soak-worker")
 

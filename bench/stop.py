@@ -97,7 +97,7 @@ async def run(rounds: int, env: dict[str, str], logs: Any, label: str) -> None:
 
     procs = []
     try:
-        daphne, port = start_daphne(env, logs)
+        daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
         procs.append(daphne)
         procs.append(start_worker(env, logs, name="bench-worker"))
         results = []

@@ -97,7 +97,7 @@ async def measure(args: argparse.Namespace) -> None:
     commits_per_1000: list[float] = []
     with log_dir() as logs, scripted_model_process(logs, 0) as model_url:
         env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
-        daphne, port = start_daphne(env, logs)
+        daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
         workers = {
             "durable": start_worker(env, logs, name="tp-durable"),
             "persistence off": None,

@@ -39,7 +39,7 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": parsed.hostname or "127.0.0.1",
         "PORT": str(parsed.port or 5432),
-        "CONN_MAX_AGE": 0,
+        "CONN_MAX_AGE": int(os.environ.get("DJANGO_CONN_MAX_AGE", "0")),
         "CONN_HEALTH_CHECKS": True,
     }
 
