@@ -96,9 +96,12 @@ class Flusher:
         await done
 
     async def settle(self, writer: StreamWriter) -> None:
-        """Wait for a write of `writer`'s chunks in flight (its outcome is the writer's to report)."""
-        inflight = self._inflight.get(writer)
-        if inflight is not None:
+        """Wait until no write of `writer`'s chunks is in flight (its outcome is the writer's to report).
+
+        Again after each: the tick that follows a write may take the writer's next batch before this
+        resumes, and a turn that went on to finish would then close its fiber under that batch.
+        """
+        while (inflight := self._inflight.get(writer)) is not None:
             await asyncio.wait([inflight])
 
     # -- the ticks ---------------------------------------------------------------------------------

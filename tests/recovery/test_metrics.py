@@ -3,6 +3,7 @@ and the /metrics view (default registry, and multiprocess mode fed by another pr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -358,3 +359,46 @@ def test_no_metric_has_an_id_label() -> None:
         for label in metric._labelnames
     }
     assert labels == {"outcome", "reason", "status"}
+
+
+class HeldPublish(Published):
+    """Publishes like Published, after a while; the first batch's publish (so its write) waits for
+    `release` too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def __call__(self, frames: list[tuple[int, str]]) -> None:
+        if not self.batches:
+            await self.release.wait()
+        await asyncio.sleep(0.01)  # every write takes a while, as a statement does
+        await super().__call__(frames)
+
+
+@override_settings(THINK={**settings.THINK, "STREAM_PERSIST": False, "FLUSH_EVERY_CHUNKS": 1000})
+async def test_a_flush_returns_only_once_every_chunk_taken_before_it_is_stored() -> None:
+    """The race that lost the tails of streams under load: a flush waits for the write in flight; the
+    tick right after it takes the rest of the writer's chunks before the flush resumes. The flush must
+    wait for that write too, or the turn finishes (and closes its fiber) under it."""
+    from recovery.flusher import flusher
+
+    published = HeldPublish()
+    stream = writer(published)
+    flusher().register(stream)
+    try:
+        stream.add({"type": "start"})  # the first content: stored at once, its write held
+        first = asyncio.create_task(stream.flush())
+        await asyncio.sleep(0.01)
+        stream.add({"type": "text-delta", "id": "t1", "delta": "1"})
+        stream.add({"type": "text-delta", "id": "t1", "delta": " 2"})
+        flusher().poke()  # a tick is due the moment the write in flight ends
+        last = asyncio.create_task(stream.flush())  # the turn's final flush, waiting on that write
+        await asyncio.sleep(0.01)
+        published.release.set()
+        await asyncio.wait_for(last, 5)
+        sent = [seq for batch in published.batches for seq, _ in batch]
+        assert sent == list(range(stream.next_seq)), "the flush returned with a batch in flight"
+        await first
+    finally:
+        flusher().unregister(stream)
