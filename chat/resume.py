@@ -195,6 +195,14 @@ def _finished_replay(stream: Stream | None) -> tuple[list[str], int]:
     return _replay_frames(stream, _extended_message(stream))
 
 
+def _recorded_error(conversation_id: int, request_id: str) -> str | None:
+    """The error text recorded for `request_id` when its turn failed (the conversation's terminal)."""
+    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
+    if isinstance(terminal, dict) and terminal.get("requestId") == request_id:
+        return str(terminal.get("body", ""))
+    return None
+
+
 def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
     """The frames answering cf_agent_stream_resume_ack for request_id."""
     active = active_stream(conversation_id=conversation_id)
@@ -213,12 +221,12 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
             continuation = active.is_continuation and base is None
             tail = response_frame(request_id, replay=True, replay_complete=True, continuation=continuation)
             return Replay([*frames, tail], last, live=True)
-    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
+    error = _recorded_error(conversation_id, request_id)
     stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
     frames, last = _finished_replay(stream)
     snapshot = messages_list(conversation_id=conversation_id)
-    if isinstance(terminal, dict) and terminal.get("requestId") == request_id:
-        end = response_frame(request_id, str(terminal.get("body", "")), done=True, error=True, seq=last + 1)
+    if error is not None:
+        end = response_frame(request_id, error, done=True, error=True, seq=last + 1)
         return Replay([*frames, end], last + 1, snapshot=snapshot)
     continuation = stream.is_continuation if stream is not None else False
     end = response_frame(request_id, done=True, replay=True, continuation=continuation, seq=last + 1)
@@ -263,11 +271,10 @@ def stream_tail(*, conversation_id: int, request_id: str, after_seq: int) -> Tai
     if stream.status == Stream.Status.STREAMING:
         return Tail(frames)
     seq = (chunks[-1][0] if chunks else stream_last_seq(stream.pk)) + 1
-    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id)
-    if isinstance(terminal, dict) and terminal.get("requestId") == request_id:
-        body = str(terminal.get("body", ""))
+    error = _recorded_error(conversation_id, request_id)
+    if error is not None:
         end = response_frame(
-            request_id, body, done=True, error=True, continuation=continuation, seq=seq, outcome="error"
+            request_id, error, done=True, error=True, continuation=continuation, seq=seq, outcome="error"
         )
     else:
         fibers = (
