@@ -372,8 +372,9 @@ class TurnRunner:
         assert self.writer is not None
         self.accumulator.apply(chunk)
         if self.writer.add(chunk, cursor):
-            # Stored at once (first content, tool milestones, a full batch); the write runs in the
-            # flusher, so a cancel arriving meanwhile cannot leave a committed segment unpublished.
+            # Stored before the turn goes on (first content, tool milestones, a backlog of full
+            # batches); the write runs in the flusher, so a cancel arriving meanwhile cannot leave a
+            # committed segment unpublished.
             await self.writer.flush()
         if self.on_chunk is not None:
             result = self.on_chunk(chunk)

@@ -8,7 +8,9 @@ What a tick costs is paid once per tick for the whole process, not once per turn
 - Every `FLUSH_INTERVAL_MS` (100 ms) a tick takes every turn's pending chunks.
 - A turn's first content, a settled tool result, a tool call a human must answer, and a full batch
   (`FLUSH_EVERY_CHUNKS`) are stored at once: they start a tick of their own right away, which takes
-  the others that are due as well (first contents that arrive together share a write).
+  the others that are due as well (first contents that arrive together share a write). The turn
+  waits for the first three; after a full batch it reads on, and waits only once the database has
+  fallen `BACKLOG_BATCHES` batches behind (recovery.stream).
 - Turns with nothing to store get their lease renewed in the tick that comes after their
   `HEARTBEAT_INTERVAL_S`, in the same statement.
 - A turn whose fencing number moved on is left out of the result, and told (LeaseLost); a turn asked

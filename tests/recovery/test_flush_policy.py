@@ -1,0 +1,104 @@
+"""When a turn's chunks are stored, and when the turn waits for it (recovery.stream.StreamWriter.add
+with the process's flusher): a full batch starts a write and the turn reads on; only a backlog of
+full batches, or what must be stored before anything else happens, holds the turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+from django.conf import settings
+from django.test import override_settings
+
+from recovery.flusher import flusher
+from recovery.stream import BACKLOG_BATCHES
+from tests.recovery.test_metrics import HeldPublish, Published, writer
+
+# A regular tick every 10 s: within a test, only a poke can start one.
+POLICY = {**settings.THINK, "STREAM_PERSIST": False, "FLUSH_EVERY_CHUNKS": 10, "FLUSH_INTERVAL_MS": 10_000}
+
+
+def delta(n: int) -> dict[str, str]:
+    return {"type": "text-delta", "id": "t1", "delta": f" {n}"}
+
+
+async def wait_for_batches(published: Published, count: int) -> None:
+    async with asyncio.timeout(5):
+        while len(published.batches) < count:
+            await asyncio.sleep(0.005)
+
+
+@override_settings(THINK=POLICY)
+async def test_first_content_holds_the_turn_and_a_full_batch_does_not() -> None:
+    published = Published()
+    stream = writer(published)
+    flusher().register(stream)
+    try:
+        assert stream.add({"type": "start"}) is False
+        assert stream.add(delta(0)) is True  # the first content: the turn waits until it is stored
+        await stream.flush()
+        assert len(published.batches) == 1
+
+        # Ten more deltas fill a batch: none holds the turn, and the flusher stores them on its own,
+        # long before its next regular tick.
+        assert [stream.add(delta(n)) for n in range(1, 11)] == [False] * 10
+        await wait_for_batches(published, 2)
+        assert not stream.pending
+        sent = [seq for batch in published.batches for seq, _ in batch]
+        assert sent == list(range(stream.next_seq))  # gap-free, in order
+    finally:
+        flusher().unregister(stream)
+
+
+@override_settings(THINK=POLICY)
+async def test_a_backlog_of_full_batches_holds_the_turn_until_it_is_stored() -> None:
+    published = HeldPublish()  # the first write stays in flight until released
+    stream = writer(published)
+    flusher().register(stream)
+    try:
+        stream.add({"type": "start"})
+        stream.add(delta(0))
+        first = asyncio.create_task(stream.flush())
+        await asyncio.sleep(0.02)
+        assert not first.done()  # its write is held
+
+        limit = 10 * BACKLOG_BATCHES
+        held = [stream.add(delta(n)) for n in range(1, limit + 1)]
+        assert held[: limit - 1] == [False] * (limit - 1)
+        assert held[-1] is True  # the database fell behind by BACKLOG_BATCHES batches: wait now
+        backlog = asyncio.create_task(stream.flush())
+        await asyncio.sleep(0.02)
+        assert not backlog.done()
+
+        published.release.set()
+        await asyncio.wait_for(backlog, 5)
+        await first
+        assert not stream.pending
+        sent = [seq for batch in published.batches for seq, _ in batch]
+        assert sent == list(range(stream.next_seq))
+    finally:
+        flusher().unregister(stream)
+
+
+@override_settings(THINK=POLICY)
+async def test_a_tool_milestone_holds_the_turn() -> None:
+    stream = writer(Published())
+    stream.add({"type": "start"})
+    stream.add(delta(0))
+    await stream.flush()
+    assert stream.add({"type": "tool-input-available", "toolCallId": "c", "toolName": "x", "input": {}})
+
+
+@override_settings(THINK=POLICY)
+async def test_a_batch_short_of_full_waits_for_the_tick() -> None:
+    published = Published()
+    stream = writer(published)
+    flusher().register(stream)
+    try:
+        stream.add(delta(0))
+        await stream.flush()
+        for n in range(1, 10):
+            stream.add(delta(n))
+        await asyncio.sleep(0.1)
+        assert len(published.batches) == 1 and stream.pending  # nothing poked the flusher
+    finally:
+        flusher().unregister(stream)
