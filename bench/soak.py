@@ -36,7 +36,6 @@ from harness import progress, scripted_model_process, setup_django, summary  # t
 
 COUNT = 80
 PROMPT = f"count to {COUNT} [rate 40]"
-CHUNKS = COUNT + 6  # start, start-step, text-start, one delta per number, text-end, finish-step, finish
 EXPECTED = " ".join(str(i) for i in range(1, COUNT + 1))
 # Where a round kills the worker, and how often.
 MODES = {"none": 0.15, "before first chunk": 0.2, "mid-stream": 0.45, "near the end": 0.2}
@@ -45,7 +44,7 @@ MODES = {"none": 0.15, "before first chunk": 0.2, "mid-stream": 0.45, "near the 
 @dataclass
 class Round:
     mode: str
-    seen_at_kill: int | None = None  # chunks the client had when the worker was killed
+    seen_at_kill: int | None = None  # numbers the client had when the worker was killed
     recovery_s: float | None = None
     finished: bool = False
     lost: bool = False
@@ -62,6 +61,11 @@ class Seen:
 
     def chunks(self) -> int:
         return sum(len(self.log.streams[r].chunks) for r in self.log.order)
+
+    def numbers(self) -> int:
+        """Numbers of the answer seen: the kill points count these, since frames carry several
+        (deltas of a flush are coalesced into one chunk)."""
+        return len(self.log.text.split())
 
 
 async def follow(client: Any, seen: Seen, until: Any, deadline: float) -> None:
@@ -125,9 +129,9 @@ async def kill_point(client: Any, seen: Seen, mode: str, rng: random.Random, dea
         except TimeoutError:
             pass
         return
-    low, high = (3, CHUNKS - 10) if mode == "mid-stream" else (CHUNKS - 8, CHUNKS - 2)
+    low, high = (3, COUNT - 10) if mode == "mid-stream" else (COUNT - 8, COUNT - 2)
     target = rng.randint(low, high)
-    await follow(client, seen, lambda s: s.chunks() >= target or s.log.finished, deadline)
+    await follow(client, seen, lambda s: s.numbers() >= target or s.log.finished, deadline)
 
 
 async def one_round(stack: Stack, mode: str, rng: random.Random, budget: float) -> Round:
@@ -144,7 +148,7 @@ async def one_round(stack: Stack, mode: str, rng: random.Random, budget: float) 
         try:
             if mode != "none":
                 await kill_point(client, seen, mode, rng, deadline)
-                result.seen_at_kill = seen.chunks()
+                result.seen_at_kill = seen.numbers()
                 stack.worker.kill(signal.SIGKILL)
                 killed_at = time.monotonic()
                 replacement = asyncio.create_task(asyncio.to_thread(stack.new_worker))
@@ -259,7 +263,7 @@ async def main(args: argparse.Namespace) -> int:
                 mode = rng.choices(list(MODES), weights=list(MODES.values()))[0]
                 result = await one_round(stack, mode, rng, args.budget)
                 rounds.append(result)
-                at = "" if result.seen_at_kill is None else f" after {result.seen_at_kill} chunks"
+                at = "" if result.seen_at_kill is None else f" after {result.seen_at_kill} numbers"
                 took = "" if result.recovery_s is None else f", recovered in {result.recovery_s:.2f} s"
                 status = "; ".join(result.problems) or "ok"
                 progress(f"round {n}/{args.rounds}: kill {mode}{at}{took}: {status}")
