@@ -30,7 +30,7 @@ from .conf import think_setting
 from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from .limits import frame_bucket, frame_limits
 from .presence import connection_join, connection_leave
-from .resume import ack_replay, connect_state, probe_answer, stream_tail
+from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
 from .selectors import stream_for_request
 from .services import conversation_clear, turn_accept
 
@@ -220,6 +220,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
             if replay.ignore:
                 return
             for text in replay.frames:
+                await self.send(text)
+            pages = replay.pages
+            while pages is not None:  # a long stream: the rest of its stored chunks, a page at a time
+                page, pages = await database_sync_to_async(replay_page)(pages)
+                for text in page:
+                    await self.send(text)
+            for text in replay.closing:
                 await self.send(text)
             self._mark_sent(frame.id, replay.last_seq)
             if replay.live:

@@ -7,7 +7,7 @@ all live in the database.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from recovery.models import Fiber, Stream
@@ -94,14 +94,56 @@ def probe_answer(*, conversation_id: int, channel_name: str | None = None) -> Pr
     return ProbeAnswer("idle")
 
 
+# A replay reads and sends the stored chunks this many at a time: a long stream's replay holds one
+# page in memory, and its first frames leave before the rest is read.
+REPLAY_PAGE_CHUNKS = 200
+
+
+@dataclass(frozen=True)
+class Pages:
+    """The stored chunks a replay still sends after its first page, up to the last one stored when
+    the ACK was answered (what is stored later reaches the connection live)."""
+
+    stream_id: Any
+    request_id: str
+    after_seq: int
+    through_seq: int
+    continuation: bool  # the frames' continuation flag
+    skip_start: bool  # a continuation replayed whole: its own `start` is not sent
+
+
 @dataclass(frozen=True)
 class Replay:
+    """The answer to an ACK: `frames`, then the `pages` read one at a time (`replay_page`), then
+    `closing` (the end frame, or the frame that says the live tail follows)."""
+
     frames: list[str]
     last_seq: int  # highest chunk seq replayed (-1 when none)
     ignore: bool = False  # an ACK for a stream other than the active one
     messages: list[dict[str, Any]] | None = None  # a finalised orphan changed the transcript: for all
     snapshot: list[dict[str, Any]] | None = None  # the transcript, for the acking connection only
     live: bool = False  # the stream still runs: its live tail follows
+    pages: Pages | None = None
+    closing: tuple[str, ...] = ()
+
+    def read_all(self) -> list[str]:
+        """Every frame of the replay in order, its pages read now (a synchronous caller's view)."""
+        frames, pages = list(self.frames), self.pages
+        while pages is not None:
+            page, pages = replay_page(pages)
+            frames += page
+        return [*frames, *self.closing]
+
+
+def replay_page(pages: Pages) -> tuple[list[str], Pages | None]:
+    """The frames of the next page of stored chunks, and what is left after it (None: done)."""
+    chunks = stream_chunks(
+        pages.stream_id, after_seq=pages.after_seq, through_seq=pages.through_seq, limit=REPLAY_PAGE_CHUNKS
+    )
+    frames = _chunk_frames(pages.request_id, chunks, pages.continuation, skip_start=pages.skip_start)
+    if not chunks or chunks[-1][0] >= pages.through_seq:  # done, or the stream was cleared meanwhile
+        return frames, None
+    return frames, replace(pages, after_seq=chunks[-1][0])
 
 
 def _orphaned(stream: Stream) -> bool:
@@ -116,7 +158,7 @@ def _finalize_orphan(stream: Stream) -> Replay:
 
     from .services import message_upsert
 
-    frames, last = _replay_frames(stream, _extended_message(stream))  # before the message is stored
+    frames, last, pages = _replay_frames(stream, _extended_message(stream))  # before the message is stored
     with transaction.atomic():
         Conversation.objects.select_for_update().filter(pk=stream.conversation_id).first()
         partial, _ = stream_partial(stream)
@@ -124,10 +166,11 @@ def _finalize_orphan(stream: Stream) -> Replay:
             message_upsert(conversation_id=stream.conversation_id, message=partial.message())
         stream_close(stream_id=stream.pk, status=Stream.Status.COMPLETED)
     end = response_frame(stream.request_id, done=True, replay=True, seq=last + 1)
-    return Replay([*frames, end], last + 1, messages=messages_list(conversation_id=stream.conversation_id))
+    messages = messages_list(conversation_id=stream.conversation_id)
+    return Replay(frames, last + 1, messages=messages, pages=pages, closing=(end,))
 
 
-def _replay_frames(stream: Stream, base: dict[str, Any] | None) -> tuple[list[str], int]:
+def _replay_frames(stream: Stream, base: dict[str, Any] | None) -> tuple[list[str], int, Pages | None]:
     """Every stored chunk of a stream still running (or orphaned), for a client that ACKed it.
 
     A continuation's chunks extend a stored message that the client may not show the way the
@@ -136,21 +179,31 @@ def _replay_frames(stream: Stream, base: dict[str, Any] | None) -> tuple[list[st
     it, then the continuation's own chunks, none flagged as a continuation. Every client resets a
     message whose replayed `start` names it, so each shows the message once, whole, then follows the
     live tail in place.
+
+    Only the first page of chunks is read here; when there are more, `Pages` says which are left
+    (up to the last chunk stored now) and the highest seq returned is that last one.
     """
-    chunks = stream_chunks(stream.pk)
+    chunks = stream_chunks(stream.pk, limit=REPLAY_PAGE_CHUNKS)
     last = chunks[-1][0] if chunks else -1
     rid = stream.request_id
-    if base is None:
-        frames = [
-            response_frame(rid, body, replay=True, seq=seq, continuation=stream.is_continuation)
-            for seq, body in chunks
-        ]
-        return frames, last
-    head = [response_frame(rid, dumps(chunk), replay=True) for chunk in message_chunks(base)]
-    own = [
-        response_frame(rid, body, replay=True, seq=seq) for seq, body in chunks if not _is_start(seq, body)
+    continuation, skip_start = (stream.is_continuation, False) if base is None else (False, True)
+    frames = _chunk_frames(rid, chunks, continuation, skip_start=skip_start)
+    if base is not None:
+        frames = [response_frame(rid, dumps(chunk), replay=True) for chunk in message_chunks(base)] + frames
+    pages = None
+    if len(chunks) == REPLAY_PAGE_CHUNKS and (through := stream_last_seq(stream.pk)) > last:
+        pages, last = Pages(stream.pk, rid, last, through, continuation, skip_start), through
+    return frames, last, pages
+
+
+def _chunk_frames(
+    request_id: str, chunks: list[tuple[int, str]], continuation: bool, *, skip_start: bool
+) -> list[str]:
+    return [
+        response_frame(request_id, body, replay=True, seq=seq, continuation=continuation)
+        for seq, body in chunks
+        if not (skip_start and _is_start(seq, body))
     ]
-    return head + own, last
 
 
 def _extended_message(stream: Stream) -> dict[str, Any] | None:
@@ -180,7 +233,7 @@ def _is_start(seq: int, body: str) -> bool:
     return seq == 0 and body.startswith('{"type":"start"') and not body.startswith('{"type":"start-')
 
 
-def _finished_replay(stream: Stream | None) -> tuple[list[str], int]:
+def _finished_replay(stream: Stream | None) -> tuple[list[str], int, Pages | None]:
     """The chunks of a finished stream, for a client that ACKed it late.
 
     A finished continuation's chunks are already in the message it extended (get-messages and the
@@ -189,9 +242,9 @@ def _finished_replay(stream: Stream | None) -> tuple[list[str], int]:
     snapshot after the end frame brings the client up to date.
     """
     if stream is None:
-        return [], -1
+        return [], -1, None
     if stream.is_continuation:
-        return [], stream_last_seq(stream.pk)
+        return [], stream_last_seq(stream.pk), None
     return _replay_frames(stream, _extended_message(stream))
 
 
@@ -217,20 +270,20 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
         # message may hold them already: the stream is answered as a finished one.
         base = _extended_message(active)
         if Stream.objects.filter(pk=active.pk, status=Stream.Status.STREAMING).exists():
-            frames, last = _replay_frames(active, base)
+            frames, last, pages = _replay_frames(active, base)
             continuation = active.is_continuation and base is None
             tail = response_frame(request_id, replay=True, replay_complete=True, continuation=continuation)
-            return Replay([*frames, tail], last, live=True)
+            return Replay(frames, last, live=True, pages=pages, closing=(tail,))
     error = _recorded_error(conversation_id, request_id)
     stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
-    frames, last = _finished_replay(stream)
+    frames, last, pages = _finished_replay(stream)
     snapshot = messages_list(conversation_id=conversation_id)
     if error is not None:
         end = response_frame(request_id, error, done=True, error=True, seq=last + 1)
-        return Replay([*frames, end], last + 1, snapshot=snapshot)
+        return Replay(frames, last + 1, snapshot=snapshot, pages=pages, closing=(end,))
     continuation = stream.is_continuation if stream is not None else False
     end = response_frame(request_id, done=True, replay=True, continuation=continuation, seq=last + 1)
-    return Replay([*frames, end], last + 1, snapshot=snapshot)
+    return Replay(frames, last + 1, snapshot=snapshot, pages=pages, closing=(end,))
 
 
 @dataclass(frozen=True)

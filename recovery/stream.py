@@ -197,15 +197,24 @@ def stream_open(
     return row[0]
 
 
-def stream_chunks(stream_id: Any, *, after_seq: int = -1) -> list[tuple[int, str]]:
-    """Stored chunks of a stream with seq > after_seq, in order, as (seq, body)."""
+def stream_chunks(
+    stream_id: Any, *, after_seq: int = -1, through_seq: int | None = None, limit: int | None = None
+) -> list[tuple[int, str]]:
+    """Stored chunks of a stream with after_seq < seq (<= through_seq), in order, as (seq, body).
+
+    `limit`: at most that many (a page; the next one starts after the last seq returned).
+    """
     chunks: list[tuple[int, str]] = []
-    segments = Segment.objects.filter(stream_id=stream_id, seq_end__gt=after_seq).order_by("seq_start")
-    for seq_start, body in segments.values_list("seq_start", "body"):
+    segments = Segment.objects.filter(stream_id=stream_id, seq_end__gt=after_seq)
+    if through_seq is not None:
+        segments = segments.filter(seq_start__lte=through_seq)
+    rows = segments.order_by("seq_start").values_list("seq_start", "body")
+    for seq_start, body in rows[:limit] if limit is not None else rows:  # every segment has a chunk
         for offset, chunk in enumerate(body.split("\n")):
-            if seq_start + offset > after_seq:
-                chunks.append((seq_start + offset, chunk))
-    return chunks
+            seq = seq_start + offset
+            if seq > after_seq and (through_seq is None or seq <= through_seq):
+                chunks.append((seq, chunk))
+    return chunks[:limit] if limit is not None else chunks
 
 
 def stream_last_seq(stream_id: Any) -> int:

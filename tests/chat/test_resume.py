@@ -129,9 +129,9 @@ def test_an_ack_seeing_the_stream_run_and_then_the_message_finished_is_answered_
 
     monkeypatch.setattr(chat.resume, "_extended_message", finish_then_read)
     replay = ack_replay(conversation_id=conversation.pk, request_id="c1")
-    bodies = [json.loads(f)["body"] for f in replay.frames]
+    bodies = [json.loads(f)["body"] for f in replay.read_all()]
     assert bodies == [""], "a finished continuation's chunks are in the message: only its end is sent"
-    assert json.loads(replay.frames[-1])["done"] is True
+    assert json.loads(replay.read_all()[-1])["done"] is True
     assert replay.snapshot is not None and replay.snapshot[0]["parts"][1] == {"type": "text", "text": "ok"}
 
 
@@ -150,7 +150,7 @@ def test_an_ack_racing_the_end_while_reading_chunks_replays_them_as_the_continua
 
     monkeypatch.setattr(chat.resume, "stream_chunks", read_then_finish)
     replay = ack_replay(conversation_id=conversation.pk, request_id="c1")
-    frames = [json.loads(f) for f in replay.frames]
+    frames = [json.loads(f) for f in replay.read_all()]
     assert [json.loads(f["body"]) for f in frames[:2]] == [
         {"type": "start"},
         {"type": "tool-output-available", "toolCallId": "call_1", "output": "done"},

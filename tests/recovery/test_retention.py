@@ -76,7 +76,7 @@ def test_an_orphaned_stream_is_replayed_closed_and_its_message_stored_on_ack(
     ]
     Segment.objects.create(stream=row, seq_start=0, seq_end=3, body="\n".join(bodies), fencing=1)
     replay = ack_replay(conversation_id=conversation.pk, request_id="r1")
-    frames = [json.loads(f) for f in replay.frames]
+    frames = [json.loads(f) for f in replay.read_all()]
     assert [f.get("seq") for f in frames] == [0, 1, 2, 3, 4]
     assert all(f["replay"] for f in frames) and frames[-1]["done"] is True and frames[-1]["body"] == ""
     row.refresh_from_db()
@@ -89,5 +89,5 @@ def test_an_orphaned_stream_is_replayed_closed_and_its_message_stored_on_ack(
 def test_a_stream_whose_turn_still_runs_is_replayed_live(conversation: Conversation) -> None:
     stream(conversation, "r2", "streaming", age=timedelta(seconds=5), fiber="running")
     replay = ack_replay(conversation_id=conversation.pk, request_id="r2")
-    last = json.loads(replay.frames[-1])
+    last = json.loads(replay.read_all()[-1])
     assert last["replayComplete"] is True and last["done"] is False and replay.messages is None
