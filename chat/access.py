@@ -27,6 +27,7 @@ from django.core import signing
 from django.utils.module_loading import import_string
 
 from .conf import think_setting
+from .exceptions import AccessDenied
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 
 TOKEN_SALT = "think.chat.access-token"
 TOKEN_PARAM = "token"
-
-
-class AccessDenied(Exception):
-    """The principal may not use the conversation, or there is no valid principal at all."""
 
 
 def issue_token(principal: str) -> str:

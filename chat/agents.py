@@ -17,6 +17,7 @@ from recovery.incidents import ChatRecovery
 
 from .conf import default_model, think_setting
 from .errors import default_chat_error_classifier
+from .exceptions import UnknownAgent
 from .loop import StepResult
 from .overflow import (
     ChatErrorContext,
@@ -89,7 +90,7 @@ class Think:
     does not survive between turns: durable state belongs in the conversation's messages.
     """
 
-    #: Recovery budget and give-up behaviour (SPEC §1). Recovery from crashes cannot be switched off;
+    #: Recovery budget and give-up behaviour. Recovery from crashes cannot be switched off;
     #: False only makes a rate-limited or transiently failed model call end the turn at once.
     chat_recovery: ClassVar[ChatRecovery | bool | None] = True
     #: Call the model through OpenAI's Responses API in background mode, so that a turn recovered after
@@ -215,9 +216,9 @@ class Think:
 
     def is_idle(self) -> bool:
         """No turn of this conversation is queued or running."""
-        from recovery.models import Fiber
+        from recovery.fibers import conversation_busy
 
-        return not Fiber.objects.filter(conversation_id=self._require_conversation()).active().exists()
+        return not conversation_busy(self._require_conversation())
 
     def wait_until_stable(self, timeout: float | None = None) -> bool:
         """Wait until no turn runs and no human is pending; False when `timeout` seconds pass first."""
@@ -241,7 +242,7 @@ class Think:
                 return False
             await asyncio.sleep(0.1)
 
-    # -- entry paths (SPEC §2): each runs its turn inside a recoverable fiber ---------------------------
+    # -- entry paths: each runs its turn inside a recoverable fiber ---------------------------
     def save_messages(self, messages: Any, *, wait: bool = True, timeout: float | None = None) -> TurnResult:
         """Append messages (a list, or a function of the current transcript) and run a turn.
 
@@ -399,10 +400,6 @@ class Assistant(Think):
         return [get_weather, send_email]
 
 
-class UnknownAgent(LookupError):
-    pass
-
-
 def agent_names() -> list[str]:
     return list(think_setting("AGENTS"))
 
@@ -432,7 +429,7 @@ def open_agent(agent: str, name: str, *, owner: str | None = None) -> Think:
     conversation becomes theirs; one that belongs to someone else raises AccessDenied. Without it the
     conversation keeps its owner, and one created here has none (server code only).
     """
-    from .access import AccessDenied
+    from .exceptions import AccessDenied
     from .services import conversation_claim, conversation_get_or_create
 
     agent_class(agent)  # UnknownAgent before anything is written

@@ -101,11 +101,8 @@ async def release_parked(conversation_id: int) -> None:
 
 async def release_parked_if_idle(conversation_id: int) -> None:
     """Release parked connections when no turn is queued or running (none will start a stream)."""
-    from recovery.models import Fiber
+    from recovery.fibers import conversation_busy
     from recovery.runtime import db
 
-    def busy() -> bool:
-        return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
-
-    if not await db(busy):
+    if not await db(conversation_busy, conversation_id):
         await release_parked(conversation_id)

@@ -21,6 +21,11 @@ DEFAULTS: dict[str, Any] = {
     # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
     "LEASE_TTL_S": 3.0,
     "HEARTBEAT_INTERVAL_S": 1.0,
+    # The period of the recovery tick that celery beat sends (recovery.schedules.beat_schedule takes it;
+    # the health check's limit for a stale beat follows it).
+    "RECOVERY_TICK_S": 1.0,
+    # Threads each worker process gives its turns' database calls (recovery.runtime).
+    "DB_THREADS": 8,
     # Each worker process listens for cancels on a Postgres session of its own (recovery.control), so
     # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
     # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.

@@ -17,16 +17,17 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from recovery.fibers import fiber_request_cancel
+from recovery.fibers import conversation_busy, fiber_request_cancel
 from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from . import protocol as p
 from . import silence
-from .access import AccessDenied, Credentials, conversation_open
-from .agents import UnknownAgent, agent_class
+from .access import Credentials, conversation_open
+from .agents import agent_class
 from .broadcast import group_name, release_parked
 from .conf import think_setting
+from .exceptions import AccessDenied, UnknownAgent
 from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from .limits import frame_bucket, frame_limits
 from .presence import connection_join, connection_leave
@@ -167,7 +168,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         )
         if not running:  # nothing streams for it: end the client's stream ourselves
             await self.send(p.response_frame(frame.id, done=True, outcome="aborted"))
-            if not await database_sync_to_async(_busy)(self.conversation_id):
+            if not await database_sync_to_async(conversation_busy)(self.conversation_id):
                 await release_parked(self.conversation_id)  # no turn left to wait for
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
@@ -359,12 +360,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     def _log_extra(self) -> dict[str, Any]:
         return {"conversation_id": getattr(self, "conversation_id", None), "agent": self.agent_name}
-
-
-def _busy(conversation_id: int) -> bool:
-    from recovery.models import Fiber
-
-    return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
 
 
 def _messages(conversation_id: int) -> list[dict[str, Any]]:

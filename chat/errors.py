@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .llm import ResponseFailed
+from .exceptions import ResponseFailed
 from .overflow import ChatErrorContext, default_context_overflow_classifier
 
 RATE_LIMIT = "rate_limit"

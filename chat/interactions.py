@@ -102,7 +102,7 @@ def interaction_apply(
 ) -> InteractionResult:
     """Apply one result or approval (`update["kind"]`); buffered while its turn is still finishing.
 
-    `owner`, the connection that answered, owns the continuation it starts (reference §3.4).
+    `owner`, the connection that answered, owns the continuation it starts.
     """
     from .services import turn_start_followup
 

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from recovery.models import Fiber, FiberQuerySet
 
 from .conf import think_setting
+from .exceptions import ProtocolError
 from .models import Message
-from .protocol import ChatRequest, Limits, ProtocolError, check_message_limits
+from .protocol import ChatRequest, Limits, check_message_limits
 from .session import COMPACTION_PREFIX
 
 

@@ -16,6 +16,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from .exceptions import ReattachUnavailable, ResponseFailed
+
 SCRIPTED_MODEL = "openai/scripted"
 
 
@@ -81,24 +83,6 @@ class Marked:
 
     event: Event | None
     cursor: ResponseCursor
-
-
-class ReattachUnavailable(Exception):
-    """The provider cannot resume that generation: `reason` "not_found" (it expired, was never stored,
-    or is unknown) or "unavailable" (the provider refused or failed the resume request)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
-class ResponseFailed(Exception):
-    """The provider reported the generation failed (a `response.failed` or `error` event); `code` is
-    its error code ("server_error", "rate_limit_exceeded", ...) when it gave one."""
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def load_litellm() -> Any:

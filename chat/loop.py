@@ -19,9 +19,10 @@ from recovery.runtime import db
 
 from . import llm
 from .chunking import ToolCall, UIChunker
+from .exceptions import ReattachUnavailable, StreamStalled
 from .folding import MessageAccumulator, is_tool_part, tool_name_of
 from .interactions import result_update
-from .llm import Marked, ReattachUnavailable, ResponseCursor, Usage
+from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
 from .repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
 from .selectors import messages_list
@@ -38,17 +39,6 @@ UNKNOWN_TOOL = "The model called a tool that does not exist: {name}"
 
 Emit = Callable[..., Awaitable[None]]  # emit(chunk, cursor=None)
 NoteCursor = Callable[[dict[str, Any]], None]
-
-
-class StreamStalled(Exception):
-    """The model stream was silent for longer than the stall timeout (reference §10)."""
-
-    def __init__(self, timeout_ms: int) -> None:
-        super().__init__(
-            f"Chat stream stalled: no activity for {timeout_ms}ms;"
-            " the turn was aborted by the stall watchdog."
-        )
-        self.timeout_ms = timeout_ms
 
 
 @dataclass(frozen=True)
@@ -131,7 +121,7 @@ class ModelLoop:
         await self._emit_all(chunker.finish())
 
     async def _proactive_compaction(self, usage: Usage | None) -> None:
-        """Compact before a step when the previous one came close to the window (reference §6.4).
+        """Compact before a step when the previous one came close to the window.
 
         The history is compacted in place; this turn's own steps are spliced back on, because they
         live in the accumulator and model_messages() appends them to whatever the history is now.

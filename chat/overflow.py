@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 CONTEXT_OVERFLOW = "context_overflow"
 CLASSIFICATIONS = frozenset({"context_overflow", "rate_limit", "transient", "fatal", "unknown"})
 
-# Anthropic, OpenAI, Google, Bedrock and Mistral wordings (reference §6.2).
+# Anthropic, OpenAI, Google, Bedrock and Mistral wordings.
 OVERFLOW_PATTERN = re.compile(
     r"prompt is too long|context[_ ]length[_ ]exceeded|maximum context length"
     r"|exceeds the maximum number of tokens|input token count|reduce the length of|input is too long"

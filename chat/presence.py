@@ -1,8 +1,8 @@
 """Which WebSocket connections are open, across web processes (Django's cache; Redis in production).
 
-Only used to tell whether the connection that owns a tool continuation is still there (reference §3.4:
-another connection's probe then hears `continuation-owned`). With a per-process cache it only sees its
-own process's connections, which errs towards letting the other connection resume.
+Only used to tell whether the connection that owns a tool continuation is still there (while it is,
+another connection's probe hears `continuation-owned`: docs/protocol.md). With a per-process cache it
+only sees its own process's connections, which errs towards letting the other connection resume.
 """
 
 from __future__ import annotations

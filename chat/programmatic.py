@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.models import Q
 
+from recovery.fibers import conversation_busy
 from recovery.models import Alarm, Fiber, Incident
 
+from .exceptions import ConversationBusy, ProtocolError
 from .models import Conversation
-from .protocol import ProtocolError, validate_ui_message
+from .protocol import validate_ui_message
 
 FIBER_OUTCOMES: dict[str, str] = {
     Fiber.Status.COMPLETED: "completed",
@@ -34,10 +36,6 @@ if TYPE_CHECKING:
 
 Messages = list[dict[str, Any]]
 MessagesOrFunction = Messages | Callable[[Messages], Messages]
-
-
-class ConversationBusy(TimeoutError):
-    """Another turn kept the conversation busy past the timeout; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ class _Busy(Exception):
 def _lock_when_idle(conversation_id: int) -> Conversation:
     """Lock the conversation if no turn is queued or running; raises _Busy (inside a transaction)."""
     conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
-    if Fiber.objects.filter(conversation_id=conversation_id).active().exists():
+    if conversation_busy(conversation_id):
         raise _Busy  # rolls the transaction back and releases the lock: let that turn finish first
     return conversation
 

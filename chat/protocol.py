@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .exceptions import LimitExceeded, ProtocolError
+
 USE_CHAT_REQUEST = "cf_agent_use_chat_request"
 USE_CHAT_RESPONSE = "cf_agent_use_chat_response"
 CHAT_MESSAGES = "cf_agent_chat_messages"
@@ -29,14 +31,6 @@ ROLES = frozenset({"user", "assistant", "system"})
 MAX_ID_LENGTH = 255
 # Deeper JSON is refused: no client writes it, and every later reader (Postgres, json) recurses on it.
 MAX_JSON_DEPTH = 100
-
-
-class ProtocolError(ValueError):
-    """A client frame that cannot be accepted; the message says why."""
-
-
-class LimitExceeded(ProtocolError):
-    """A well-formed client frame that is over one of the size limits."""
 
 
 @dataclass(frozen=True)

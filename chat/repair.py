@@ -1,4 +1,4 @@
-"""Transcript integrity: repairing tool calls an interruption left without a result (reference §12).
+"""Transcript integrity: repairing tool calls an interruption left without a result.
 
 Every model call starts from a repaired transcript: a tool part with a call id that is neither settled
 nor approved becomes an `output-error` part (or whatever the agent's override returns), and every tool
@@ -104,7 +104,7 @@ def repair_transcript(messages: list[dict[str, Any]], repair: Callable[[Part], P
 
 
 def pending_interaction(messages: list[dict[str, Any]], client_tool_names: set[str]) -> bool:
-    """A human must act: an approval is requested, or a client tool waits for its result (reference §13).
+    """A human must act: an approval is requested, or a client tool waits for its result.
 
     A server tool left in `input-available` is not pending: its execution died with its worker.
     """

@@ -1,4 +1,4 @@
-"""Server side of the resume handshake (reference §3.4), as decisions read from Postgres.
+"""Server side of the resume handshake, as decisions read from Postgres.
 
 Any web process can answer, because the active stream, the pre-stream turn and the terminal record
 all live in the database.
@@ -153,7 +153,7 @@ def _orphaned(stream: Stream) -> bool:
 
 
 def _finalize_orphan(stream: Stream) -> Replay:
-    """Replay an orphaned stream, close it, and store the message its chunks make (reference §3.4)."""
+    """Replay an orphaned stream, close it, and store the message its chunks make."""
     from django.db import transaction
 
     from .services import message_upsert

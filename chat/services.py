@@ -15,7 +15,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from recovery.fibers import LeaseLost, fiber_create, fibers_fence_out, next_pending_fiber
+from recovery.exceptions import LeaseLost
+from recovery.fibers import conversation_busy, fiber_create, fibers_fence_out, next_pending_fiber
 from recovery.models import Fiber, Stream
 
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
@@ -252,7 +253,7 @@ def turn_start_followup(
     wanted = Message.Role.USER if kind == Fiber.Kind.RETRY else Message.Role.ASSISTANT
     if leaf is None or leaf.role != wanted:
         return TurnStart("", "skipped")
-    if require_idle and Fiber.objects.filter(conversation=conversation).active().exists():
+    if require_idle and conversation_busy(conversation.pk):
         # Another turn was accepted meanwhile (or a second copy of this alarm already started one).
         return TurnStart("", "skipped")
     if last_body is not None or last_client_tools is not None:

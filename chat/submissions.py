@@ -1,4 +1,4 @@
-"""Durable submissions (`submit_messages`, reference §11.5): accepted now, run when the conversation is free.
+"""Durable submissions (`submit_messages`): accepted now, run when the conversation is free.
 
 Acceptance writes the row and a drain alarm in one transaction, so an accepted submission survives any
 crash. The drain applies the messages and creates the turn's fiber in one transaction, so "messages
@@ -20,6 +20,7 @@ from recovery import diagnostics
 from recovery.alarms import alarm_claim, alarm_schedule
 from recovery.models import Fiber
 
+from .exceptions import SubmissionConflict, SubmissionNotFound
 from .models import Conversation, Submission
 from .programmatic import chain_outcome, ui_messages
 
@@ -28,14 +29,6 @@ logger = logging.getLogger(__name__)
 DRAIN_CALLBACK = "think_drain_submissions"
 SKIPPED_TEXT = "Submission was skipped by turn reset."
 INTERRUPTED_TEXT = "Submission was interrupted after messages were applied."
-
-
-class SubmissionConflict(ValueError):
-    """The submission id and the idempotency key name two different submissions."""
-
-
-class SubmissionNotFound(LookupError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -121,7 +114,8 @@ def _new_id() -> str:
 
 def submissions_drain(*, conversation_id: int) -> str | None:
     """Start the oldest pending submission if the conversation is free; its request id, or None."""
-    from .programmatic import ConversationBusy, turn_start_programmatic
+    from .exceptions import ConversationBusy
+    from .programmatic import turn_start_programmatic
 
     row = (
         Submission.objects.filter(conversation_id=conversation_id, status=Submission.Status.PENDING)

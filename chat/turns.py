@@ -17,7 +17,8 @@ from typing import Any
 
 from recovery import control, diagnostics
 from recovery.detection import fiber_interrupt, fiber_release
-from recovery.fibers import Claim, LeaseLost, fiber_claim, worker_identity
+from recovery.exceptions import LeaseLost
+from recovery.fibers import Claim, fiber_claim, worker_identity
 from recovery.flusher import flusher
 from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db
@@ -26,8 +27,9 @@ from recovery.stream import StreamWriter, stream_close, stream_open
 from . import broadcast, errors, llm
 from .agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
 from .conf import think_setting
+from .exceptions import StreamStalled
 from .folding import MessageAccumulator
-from .loop import ModelLoop, StreamStalled
+from .loop import ModelLoop
 from .models import Conversation
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .protocol import chat_messages_frame, response_frame
@@ -323,7 +325,7 @@ class TurnRunner:
         return history
 
     async def _overflow_retry(self, agent: Think, error: Exception, attempt: int) -> bool:
-        """Reactive layer: drop the partial, compact, and run the same turn again (reference §6.3)."""
+        """Reactive layer: drop the partial, compact, and run the same turn again."""
         overflow = agent.context_overflow
         if overflow is None or not overflow.reactive or isinstance(error, LeaseLost | StreamStalled):
             return False

@@ -7,8 +7,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from .access import AccessDenied, Credentials, access_policy, conversation_read
-from .agents import UnknownAgent, agent_class, agent_names, kebab
+from .access import Credentials, access_policy, conversation_read
+from .agents import agent_class, agent_names, kebab
+from .exceptions import AccessDenied, UnknownAgent
 from .selectors import messages_list
 
 

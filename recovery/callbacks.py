@@ -1,4 +1,4 @@
-"""The scheduled recovery callbacks (reference §8), fired from alarms.
+"""The scheduled recovery callbacks, fired from alarms.
 
 They wait for the conversation to be stable, park while a human is pending, reschedule once per
 attempt when it is not stable, and otherwise start the continuation or the retry as a new durable turn.
@@ -177,7 +177,7 @@ class _Callback:
             await self.set_status("skipped")
 
     async def give_up(self, reason: str) -> None:
-        """The give-up spine of the callback path (reference §9.2), guarded against a second banner."""
+        """The give-up spine of the callback path, guarded against a second banner."""
         stored = await self.incident()
         if stored is not None and stored.status == "exhausted":
             return

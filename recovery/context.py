@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ChatRecoveryContext:
-    """Everything known about an interrupted turn (reference §11.2)."""
+    """Everything known about an interrupted turn."""
 
     incident_id: str
     recovery_root_request_id: str

@@ -1,4 +1,4 @@
-"""Diagnostic channels (SPEC §7, reference §14): events routed by type prefix to five channels.
+"""Diagnostic channels: events routed by type prefix to five channels.
 
     from recovery import diagnostics
     unsubscribe = diagnostics.subscribe("chat", lambda event: print(event["type"]))
@@ -99,7 +99,8 @@ def emit(event_type: str, payload: dict[str, Any], *, agent: str = "", name: str
     return event
 
 
-# Payload keys worth a structured field (camelCase as in §14; the exhausted context is snake_case).
+# Payload keys worth a structured field (camelCase as in the event payloads; the exhausted context
+# is snake_case).
 _ID_FIELDS = {
     "requestId": "request_id",
     "request_id": "request_id",

@@ -1,7 +1,7 @@
 """The recovery engine: detection -> classification -> budget -> hook -> persist -> dispatch -> give-up.
 
-`recover_fiber` handles one interrupted fiber (reference §5); the continue and retry callbacks it
-schedules run from alarms (§8); `give_up` is the single exhaustion path (§9). Everything runs on the
+`recover_fiber` handles one interrupted fiber; the continue and retry callbacks it
+schedules run from alarms; `give_up` is the single exhaustion path. Everything runs on the
 worker's event loop; database work hops to the DB threads.
 """
 
@@ -152,7 +152,7 @@ async def recover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) ->
 
 
 async def _count_oom(recovery: Recovery, incident: Incident) -> tuple[Incident, bool]:
-    """A worker lost to memory spends the OOM budget (reference §7.5); past it, the turn is sealed."""
+    """A worker lost to memory spends the OOM budget; past it, the turn is sealed."""
     counted, exhausted = record_oom_and_decide(incident, config=recovery.config, now_ms=now_ms())
     assert counted is not None
     if exhausted:
@@ -350,7 +350,7 @@ async def _terminal(recovery: Recovery, request_id: str, body: str, *, broadcast
 
 
 async def give_up(recovery: Recovery, incident: Incident) -> None:
-    """Exhaustion (reference §9.1): event, on_exhausted (errors swallowed), terminal frame and record.
+    """Exhaustion: event, on_exhausted (errors swallowed), terminal frame and record.
 
     The terminal message is never written into the transcript.
     """

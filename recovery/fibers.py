@@ -23,13 +23,10 @@ from django.db.models.functions import Now
 
 from chat.conf import think_setting
 
+from .exceptions import LeaseLost
 from .models import Fiber
 
 logger = logging.getLogger(__name__)
-
-
-class LeaseLost(Exception):
-    """The fiber is no longer ours: another worker, a recovery or a clear took it over."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +155,12 @@ def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
             for fiber_id in running:
                 notify_cancel(cursor, fiber_id)
     return True
+
+
+def conversation_busy(conversation_id: int) -> bool:
+    """A turn of the conversation is queued, running or being recovered (an active fiber holds it):
+    the one answer to "is the conversation busy?"."""
+    return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
 
 
 def fibers_fence_out(*, conversation_id: int) -> int:

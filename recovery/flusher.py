@@ -30,7 +30,7 @@ from typing import Any
 from chat.conf import think_setting
 
 from . import metrics
-from .fibers import LeaseLost
+from .exceptions import LeaseLost
 from .runtime import DATABASE_LOST, db
 from .stream import Batch, SegmentEntry, StreamWriter, segments_write
 

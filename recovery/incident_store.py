@@ -40,7 +40,7 @@ def incident_save(*, conversation_id: int, incident: Incident) -> None:
 
 
 def incidents_sweep(*, conversation_id: int, now_ms: int) -> int:
-    """Delete incidents inactive for more than an hour (sweep before read, reference §7.2)."""
+    """Delete incidents inactive for more than an hour (sweep before read)."""
     cutoff = now_ms - INCIDENT_TTL_MS
     stale = IncidentRow.objects.filter(conversation_id=conversation_id).filter(
         Q(last_attempt_at__lt=cutoff) | Q(last_attempt_at__isnull=True, first_seen_at__lt=cutoff)

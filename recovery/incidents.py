@@ -1,7 +1,7 @@
 """The recovery budget: config, the durable incident record and its pure evaluation.
 
-A port of Think's `evaluateChatRecoveryIncident` (reference §7) and the pure decisions the recovery engine
-takes around it (§7.4, §7.5, §8 step 4, §9.1). Nothing here touches Django, storage or the clock: the
+A port of Think's `evaluateChatRecoveryIncident` and the pure decisions the recovery engine
+takes around it. Nothing here touches Django, storage or the clock: the
 engine reads the record and the progress counter, passes `now_ms` in, and persists what comes back. That
 keeps the algorithm testable with an injected clock, which is the whole point of porting it exactly.
 """
@@ -48,7 +48,7 @@ EXHAUSTION_REASONS = (
     RECOVERY_ABORTED,
     MAX_ATTEMPTS_EXCEEDED,
 )
-# Give-up reasons of the recovery callbacks (§9.2); they never come out of `evaluate_incident`.
+# Give-up reasons of the recovery callbacks; they never come out of `evaluate_incident`.
 STABLE_TIMEOUT = "stable_timeout"
 RECOVERY_ERROR = "recovery_error"
 # Reasons stored on a record that is rescheduled rather than exhausted.
@@ -106,11 +106,11 @@ class ExhaustedContext:
 
 @dataclass(frozen=True)
 class ChatRecovery:
-    """The agent-facing recovery config (SPEC §1, defaults from reference §6).
+    """The agent-facing recovery config.
 
-    Unlike the reference, which floors and clamps, invalid values raise ValueError here (SPEC: rejected, not
-    silently clamped). A float with an integral value (6.0, as settings or JSON may produce) is accepted and
-    stored as an int; 6.5 is rejected because flooring it would be exactly the silent change SPEC forbids.
+    Unlike Cloudflare Think, which floors and clamps, invalid values raise ValueError here: bad input is
+    rejected, never silently changed. A float with an integral value (6.0, as settings or JSON may produce)
+    is accepted and stored as an int; 6.5 is rejected because flooring it would be such a silent change.
     """
 
     max_attempts: int = 10
@@ -202,7 +202,7 @@ def resolve_chat_recovery(raw: ChatRecovery | bool | None) -> ChatRecovery:
 
 @dataclass(frozen=True)
 class Incident:
-    """One interrupted turn's recovery budget (reference §7.1); times are epoch milliseconds."""
+    """One interrupted turn's recovery budget; times are epoch milliseconds."""
 
     incident_id: str
     request_id: str
@@ -248,7 +248,7 @@ def effective_max_attempts(incident: Incident, config: ChatRecovery) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Evaluation (reference §7.3)
+# Evaluation
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -423,7 +423,7 @@ def first_exhaustion_reason(tripped: Collection[str]) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Engine-side decisions (reference §7.4, §7.5, §8 step 4, §9.1)
+# Engine-side decisions
 # --------------------------------------------------------------------------------------------------------
 
 

@@ -131,7 +131,7 @@ class Segment(models.Model):
 
 
 class Incident(models.Model):
-    """A recovery incident: the budget of one interrupted turn and its continuations (reference §7).
+    """A recovery incident: the budget of one interrupted turn and its continuations.
 
     Times are epoch milliseconds, as in the pure budget function that evaluates them.
     """

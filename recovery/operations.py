@@ -21,14 +21,15 @@ from django.db.models.functions import Coalesce, Now, NullIf
 from django.utils import timezone
 
 from chat import broadcast
-from chat.agents import UnknownAgent
+from chat.exceptions import UnknownAgent
 from chat.models import Conversation
 from chat.protocol import recovering_frame
 
 from . import runtime, tasks
 from .detection import HANDLING_TTL, RECOVERY_OWNER
 from .engine import CONTINUE_CALLBACK, RETRY_CALLBACK
-from .fibers import fiber_request_cancel
+from .exceptions import OperationRefused
+from .fibers import conversation_busy, fiber_request_cancel
 from .models import Alarm, Fiber, Incident
 from .recovery_state import conversation_set_recovering
 from .retention import ABANDONED_RETENTION, streams_sweep
@@ -46,10 +47,6 @@ CLOSED_INCIDENTS = [
 ]
 # How long a forced give-up may take (it runs the agent's on_exhausted hook) before the caller stops waiting.
 GIVE_UP_TIMEOUT_S = 60.0
-
-
-class OperationRefused(Exception):
-    """The operation does not apply: an unknown id, a finished fiber, an incident that is not open."""
 
 
 def epoch_ms_datetime(value: int | None) -> datetime | None:
@@ -192,7 +189,7 @@ def conversation_clear_recovering(*, conversation_id: int) -> bool:
         return False
     broadcast.publish_sync(conversation_id, recovering_frame(False))
     # As release_parked_if_idle does for the engine: parked clients wait no more unless a turn follows.
-    if not Fiber.objects.filter(conversation_id=conversation_id).active().exists():
+    if not conversation_busy(conversation_id):
         async_to_sync(broadcast.release_parked)(conversation_id)
     return True
 

@@ -21,7 +21,7 @@ from .stream import stream_close
 
 
 def unwrap_snapshot(snapshot: Any) -> tuple[dict[str, Any] | None, Any]:
-    """(chat snapshot, user stash); anything that is not our envelope gives no snapshot (reference §4)."""
+    """(chat snapshot, user stash); anything that is not our envelope gives no snapshot."""
     if not isinstance(snapshot, dict) or "chat" not in snapshot:
         return None, snapshot
     chat = snapshot["chat"]
@@ -155,7 +155,7 @@ def fiber_mark_recovered(*, fiber_id: Any) -> None:
 
 
 def recovering_flag_active(flag: Any, *, now_ms: int) -> bool:
-    """A recovering flag older than RECOVERING_FLAG_TTL_MS is treated as absent (reference §9.3)."""
+    """A recovering flag older than RECOVERING_FLAG_TTL_MS is treated as absent."""
     if not isinstance(flag, dict):
         return False
     at = flag.get("at")

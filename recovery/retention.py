@@ -1,4 +1,4 @@
-"""Retention of stream buffers (reference §4.1): replayable for a while after they end, then swept.
+"""Retention of stream buffers: replayable for a while after they end, then swept.
 
 A finished stream stays 10 minutes, so a client that reconnects just after the end still gets its
 replay; a stream left `streaming` with no live or recovering turn is abandoned and goes after an hour.

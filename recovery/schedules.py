@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from chat.conf import DEFAULTS, think_setting
 
 
 def recovery_tick_seconds() -> float:
-    """The period of the recovery tick: THINK_RECOVERY_TICK_S, 1 s by default."""
-    return float(os.environ.get("THINK_RECOVERY_TICK_S", "1.0"))
+    """The period of the recovery tick: THINK["RECOVERY_TICK_S"], 1 s by default."""
+    return float(think_setting("RECOVERY_TICK_S"))
 
 
-def beat_schedule(tick_seconds: float | None = None) -> dict[str, Any]:
-    """The recovery tick, every second by default (THINK_RECOVERY_TICK_S), and the stream buffer sweep
-    every minute; missed runs expire."""
-    seconds = tick_seconds if tick_seconds is not None else recovery_tick_seconds()
+def beat_schedule(tick_seconds: float = DEFAULTS["RECOVERY_TICK_S"]) -> dict[str, Any]:
+    """The recovery tick, every `tick_seconds` (pass THINK["RECOVERY_TICK_S"] when you set it: settings
+    are not readable while they load), and the stream buffer sweep every minute; missed runs expire."""
+    seconds = float(tick_seconds)
     return {
         "think-recovery-tick": {
             "task": "think.recovery_tick",
@@ -23,6 +24,3 @@ def beat_schedule(tick_seconds: float | None = None) -> dict[str, Any]:
         },
         "think-streams-sweep": {"task": "think.streams_sweep", "schedule": 60.0, "options": {"expires": 50}},
     }
-
-
-BEAT_SCHEDULE = beat_schedule()

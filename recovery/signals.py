@@ -7,7 +7,7 @@
     def on_chat_event(sender, *, type, agent, name, payload, timestamp, **kwargs):
         ...
 
-The keyword arguments are the event envelope (reference §14): `type`, `agent`, `name`, `payload` and
+The keyword arguments are the event envelope: `type`, `agent`, `name`, `payload` and
 `timestamp` (epoch milliseconds); `sender` is None. Receivers are called synchronously in the process
 and thread that emits the event (often the worker's event loop), so connect quick, synchronous
 functions. Their errors are logged, never raised.

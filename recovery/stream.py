@@ -27,7 +27,8 @@ from chat.conf import think_setting
 from chat.models import Conversation
 from chat.protocol import chunk_frame, dumps, encode_chunk
 
-from .fibers import LeaseLost, lease_ttl
+from .exceptions import LeaseLost
+from .fibers import lease_ttl
 from .models import Fiber, Segment, Stream
 
 logger = logging.getLogger(__name__)

@@ -157,15 +157,13 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-from recovery.schedules import beat_schedule  # noqa: E402
-
-CELERY_BEAT_SCHEDULE: dict[str, Any] = {**beat_schedule()}
-
 THINK: dict[str, Any] = {
     "AGENTS": {"assistant": "chat.agents.Assistant"},
     # The demo page works without an account: anonymous visitors own what they open through their
     # session. THINK_ACCESS_POLICY=chat.access.UserAccess requires a login (the apps' default).
     "ACCESS_POLICY": os.environ.get("THINK_ACCESS_POLICY", "chat.access.SessionAccess"),
+    "RECOVERY_TICK_S": float(os.environ.get("THINK_RECOVERY_TICK_S", "1")),
+    "DB_THREADS": int(os.environ.get("THINK_DB_THREADS", "8")),
 }
 if os.environ.get("THINK_METRICS_TOKEN"):
     THINK["METRICS_TOKEN"] = os.environ["THINK_METRICS_TOKEN"]
@@ -177,6 +175,10 @@ if os.environ.get("SCRIPTED_MODEL_URL"):
     THINK["SCRIPTED_MODEL_URL"] = os.environ["SCRIPTED_MODEL_URL"]
 if os.environ.get("THINK_CANCEL_SIGNALS") == "0":  # behind PgBouncer in transaction mode (docs/operations.md)
     THINK["CANCEL_SIGNALS"] = False
+
+from recovery.schedules import beat_schedule  # noqa: E402
+
+CELERY_BEAT_SCHEDULE: dict[str, Any] = {**beat_schedule(THINK["RECOVERY_TICK_S"])}
 
 LOGGING = {
     "version": 1,

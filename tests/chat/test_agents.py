@@ -1,4 +1,4 @@
-"""kebab() (reference §1.1) and the agent registry."""
+"""kebab() and the agent registry."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from chat.agents import Assistant, Think, UnknownAgent, agent_class, agent_for, agent_names, kebab
+from chat.agents import Assistant, Think, agent_class, agent_for, agent_names, kebab
+from chat.exceptions import UnknownAgent
 
 
 class CustomAgent(Think):

@@ -316,7 +316,7 @@ def test_tool_input_error() -> None:
 
 
 def test_approval_request_matches_the_reference_fold() -> None:
-    """§5.3: reasoning -> text -> tool input -> tool-approval-request, as readUIMessageStream folds it."""
+    """Reasoning -> text -> tool input -> tool-approval-request, as readUIMessageStream folds it."""
     accumulator = fold(
         {"type": "start", "messageId": "a-1"},
         {"type": "start-step"},

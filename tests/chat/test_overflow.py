@@ -1,4 +1,4 @@
-"""The context-overflow classifier and settings (reference §6.1-§6.2)."""
+"""The context-overflow classifier and settings."""
 
 from __future__ import annotations
 

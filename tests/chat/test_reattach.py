@@ -269,7 +269,7 @@ async def test_a_resume_the_provider_cannot_serve_says_why(scripted_model: Any) 
     way the loop falls back to an ordinary continuation, never ends the turn."""
     from chat import llm
     from chat.conf import scripted_model as scripted_kwargs
-    from chat.llm import ReattachUnavailable
+    from chat.exceptions import ReattachUnavailable
     from tests.support import free_port
 
     model = {**scripted_kwargs(), "api_base": scripted_model.url}

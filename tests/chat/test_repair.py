@@ -1,4 +1,4 @@
-"""Transcript repair (reference §12) and pending interactions (§13), as pure functions.
+"""Transcript repair and pending interactions, as pure functions.
 
 Names follow the reference's message-reconciliation and client-tools suites.
 """

@@ -1,4 +1,4 @@
-"""Answers to a resume probe (reference §3.4), read from Postgres."""
+"""Answers to a resume probe, read from Postgres."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""has_pending_interaction / wait_until_stable (reference §13) and the outcome of a recovery chain."""
+"""has_pending_interaction / wait_until_stable and the outcome of a recovery chain."""
 
 from __future__ import annotations
 

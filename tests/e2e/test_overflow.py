@@ -1,4 +1,4 @@
-"""Context overflow end to end (reference §6, §10 "Context overflow"): a scripted model with a small
+"""Context overflow end to end: a scripted model with a small
 context window, reached through litellm; reactive recovery through a real worker over the WebSocket,
 and the programmatic path (chat()) in this process, where the diagnostic events can be watched."""
 

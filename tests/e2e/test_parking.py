@@ -1,4 +1,4 @@
-"""Pre-stream parking (reference §3.5): a parked connection is released when no turn will stream."""
+"""Pre-stream parking: a parked connection is released when no turn will stream."""
 
 from __future__ import annotations
 

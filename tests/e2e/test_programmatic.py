@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.agents import Think, open_agent
-from chat.programmatic import ConversationBusy
+from chat.exceptions import ConversationBusy
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks
 from tests.support import TEST_PRINCIPAL, ChatClient, assistant_text, chat_request, numbers, user_message

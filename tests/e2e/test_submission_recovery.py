@@ -1,4 +1,4 @@
-"""A submission whose worker is killed mid-turn is continued by recovery and completes (reference §15.4)."""
+"""A submission whose worker is killed mid-turn is continued by recovery and completes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Durable submissions (reference §11.5 and its submissions suite) against a real worker and Postgres."""
+"""Durable submissions against a real worker and Postgres."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Diagnostic channels: routing to the five channels of SPEC §7, subscribers, signals, log lines."""
+"""Diagnostic channels: routing to the five channels, subscribers, signals, log lines."""
 
 from __future__ import annotations
 

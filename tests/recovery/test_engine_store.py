@@ -1,10 +1,9 @@
 """Database-level tests of the recovery persistence and the recovery engine.
 
 Covers the incident store, durable alarms, detection (the beat tick), the fenced stream writes, the
-recovery state the engine reads, and `recover_fiber` end to end against Postgres (reference §3, §5, §7,
-§8, §9 and the `recovery-engine.test.ts` list of §15.1). Each test builds its rows through the real
-services (`fiber_claim`, `stream_open`, `segment_append`, `tick_claim`), so what is set up is what a
-crashed worker would really leave behind.
+recovery state the engine reads, and `recover_fiber` end to end against Postgres. Each test builds
+its rows through the real services (`fiber_claim`, `stream_open`, `segment_append`, `tick_claim`),
+so what is set up is what a crashed worker would really leave behind.
 
 Sync tests run inside one transaction, where Postgres' `now()` is the transaction's start time; leases
 are therefore expired by moving them minutes into the past. Tests that need a second connection (SKIP
@@ -50,7 +49,8 @@ from recovery.engine import (
     RETRY_CALLBACK,
     recover_fiber,
 )
-from recovery.fibers import Claim, LeaseLost, fiber_claim, fiber_finish, fiber_request_cancel, lease_ttl
+from recovery.exceptions import LeaseLost
+from recovery.fibers import Claim, fiber_claim, fiber_finish, fiber_request_cancel, lease_ttl
 from recovery.incident_store import (
     incident_begin,
     incident_get,
@@ -310,7 +310,7 @@ def row_locked_elsewhere(model: Any, pk: Any) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------------------
-# 1. Incident store (reference §7.2, §7.4)
+# 1. Incident store
 # --------------------------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
-"""The pure recovery budget (reference §7) and the engine's pure decisions, with an injected clock.
+"""The pure recovery budget and the engine's pure decisions, with an injected clock.
 
-Test names follow the cases of reference §15.1 (`recovery-incident.test.ts`, `recovery-engine.test.ts`)
-so a reader can match them; no database, no Django, no real time.
+Test names follow the cases of the anchor's own suites (`recovery-incident.test.ts`,
+`recovery-engine.test.ts` in cloudflare/agents) so a reader can match them; no database, no Django,
+no real time.
 """
 
 from __future__ import annotations

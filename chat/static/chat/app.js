@@ -1,6 +1,6 @@
 /*
  * Think chat page: a dependency-free browser client for the Cloudflare Agents
- * `cf_agent_*` chat protocol (see shared/reference/think-wire-protocol.md).
+ * `cf_agent_*` chat protocol (docs/protocol.md).
  *
  * It mirrors what the published `agents` client does (PartySocket reconnects,
  * the resume handshake, AI SDK chunk folding) in plain JavaScript so the page

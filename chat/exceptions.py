@@ -1,0 +1,72 @@
+"""Every exception the chat app raises on purpose, under one base class.
+
+`ThinkError` is what a host catches to handle "the chat app refused or could not do it" in one place;
+each class also keeps the built-in base its callers have always caught (ValueError, LookupError,
+TimeoutError). No Django here: the wire codec raises these too.
+"""
+
+from __future__ import annotations
+
+
+class ThinkError(Exception):
+    """Base of the chat app's exceptions."""
+
+
+# -- the wire ---------------------------------------------------------------------------------------------
+class ProtocolError(ThinkError, ValueError):
+    """A client frame that cannot be accepted; the message says why."""
+
+
+class LimitExceeded(ProtocolError):
+    """A well-formed client frame that is over one of the size limits."""
+
+
+class AccessDenied(ThinkError):
+    """The principal may not use the conversation, or there is no valid principal at all."""
+
+
+# -- agents and conversations -----------------------------------------------------------------------------
+class UnknownAgent(ThinkError, LookupError):
+    """No agent of that name in THINK["AGENTS"]."""
+
+
+class ConversationBusy(ThinkError, TimeoutError):
+    """Another turn kept the conversation busy past the timeout; nothing was written."""
+
+
+class SubmissionConflict(ThinkError, ValueError):
+    """The submission id and the idempotency key name two different submissions."""
+
+
+class SubmissionNotFound(ThinkError, LookupError):
+    """No submission with that id in the conversation."""
+
+
+# -- the model --------------------------------------------------------------------------------------------
+class StreamStalled(ThinkError):
+    """The model stream was silent for longer than the stall timeout."""
+
+    def __init__(self, timeout_ms: int) -> None:
+        super().__init__(
+            f"Chat stream stalled: no activity for {timeout_ms}ms;"
+            " the turn was aborted by the stall watchdog."
+        )
+        self.timeout_ms = timeout_ms
+
+
+class ReattachUnavailable(ThinkError):
+    """The provider cannot resume that generation: `reason` "not_found" (it expired, was never stored,
+    or is unknown) or "unavailable" (the provider refused or failed the resume request)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class ResponseFailed(ThinkError):
+    """The provider reported the generation failed (a `response.failed` or `error` event); `code` is
+    its error code ("server_error", "rate_limit_exceeded", ...) when it gave one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
