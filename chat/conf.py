@@ -5,31 +5,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.conf import settings
+from recovery.conf import DEFAULTS as RECOVERY_DEFAULTS
+from recovery.conf import setting
 
 DEFAULTS: dict[str, Any] = {
+    # The recovery layer's keys (flush policy, leases, the tick, ...): recovery.conf.
+    **RECOVERY_DEFAULTS,
     # Agent name (as used in the URL, kebab-case) -> dotted path of a Think subclass.
     "AGENTS": {"assistant": "chat.agents.Assistant"},
     # A litellm model string or a dict of completion kwargs; None picks the scripted model.
     "MODEL": None,
     "SCRIPTED_MODEL_URL": "http://127.0.0.1:8765/v1",
-    # Stream buffer: flush at once on the first content, then every N chunks or T ms.
-    "FLUSH_EVERY_CHUNKS": 10,
-    "FLUSH_INTERVAL_MS": 100,
-    # Benchmarks only: False publishes frames without storing segments (no replay, no recovery).
-    "STREAM_PERSIST": True,
-    # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
-    "LEASE_TTL_S": 3.0,
-    "HEARTBEAT_INTERVAL_S": 1.0,
-    # The period of the recovery tick that celery beat sends (recovery.schedules.beat_schedule takes it;
-    # the health check's limit for a stale beat follows it).
-    "RECOVERY_TICK_S": 1.0,
-    # Threads each worker process gives its turns' database calls (recovery.runtime).
-    "DB_THREADS": 8,
-    # Each worker process listens for cancels on a Postgres session of its own (recovery.control), so
-    # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
-    # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.
-    "CANCEL_SIGNALS": True,
     # A connection following a live stream that hears nothing of it for this long reads the store:
     # chunks the channel layer lost, and the end of a stream that ended (chat.silence).
     "STREAM_SILENCE_MS": 2000,
@@ -39,8 +25,6 @@ DEFAULTS: dict[str, Any] = {
     "ACCESS_POLICY": "chat.access.UserAccess",
     # How long a token from chat.access.issue_token (or `manage.py think_token`) is accepted.
     "TOKEN_MAX_AGE_S": 3600,
-    # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is open (firewall it).
-    "METRICS_TOKEN": None,
     # Longest conversation name the consumer accepts.
     "MAX_NAME_LENGTH": 200,
     # Limits on client input (chat.limits); anything beyond one is refused and nothing is stored.
@@ -56,10 +40,7 @@ DEFAULTS: dict[str, Any] = {
 
 def think_setting(name: str) -> Any:
     """Return one THINK setting, falling back to its default."""
-    configured: dict[str, Any] = getattr(settings, "THINK", {}) or {}
-    if name in configured:
-        return configured[name]
-    return DEFAULTS[name]
+    return setting(name, DEFAULTS)
 
 
 def default_model() -> str | dict[str, Any]:

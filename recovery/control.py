@@ -52,9 +52,9 @@ def start() -> None:
     """Start this process's listening session (once; again after a fork), unless THINK['CANCEL_SIGNALS']
     is off."""
     global _listener
-    from chat.conf import think_setting
+    from .conf import setting
 
-    if not think_setting("CANCEL_SIGNALS"):
+    if not setting("CANCEL_SIGNALS"):
         logger.info("cancel signals are off: turns hear of a cancel at their next flush or heartbeat")
         return
     with _lock:

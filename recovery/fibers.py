@@ -21,8 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from chat.conf import think_setting
-
+from .conf import setting
 from .exceptions import LeaseLost
 from .models import Fiber
 
@@ -46,7 +45,7 @@ def worker_identity() -> str:
 
 
 def lease_ttl() -> timedelta:
-    return timedelta(seconds=float(think_setting("LEASE_TTL_S")))
+    return timedelta(seconds=float(setting("LEASE_TTL_S")))
 
 
 def fiber_create(

@@ -27,9 +27,8 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from chat.conf import think_setting
-
 from . import metrics
+from .conf import setting
 from .exceptions import LeaseLost
 from .runtime import DATABASE_LOST, db
 from .stream import Batch, SegmentEntry, StreamWriter, segments_write
@@ -112,8 +111,8 @@ class Flusher:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="think-flusher")
 
     async def _run(self) -> None:
-        heartbeat_s = float(think_setting("HEARTBEAT_INTERVAL_S"))
-        interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
+        heartbeat_s = float(setting("HEARTBEAT_INTERVAL_S"))
+        interval = float(setting("FLUSH_INTERVAL_MS")) / 1000
         next_tick = time.monotonic() + interval
         while self.writers or self._waiting:
             # A steady cadence while any turn is registered: no chunk waits longer than the interval,

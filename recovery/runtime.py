@@ -20,7 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 from django.db import connection
 from django.db.utils import InterfaceError, OperationalError
 
-from chat.conf import think_setting
+from .conf import setting
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _start() -> asyncio.AbstractEventLoop:
     loop = asyncio.new_event_loop()
     # Database calls get threads of their own: litellm runs parts of every call in the loop's default
     # executor, and sharing it made chunk flushes queue behind model calls (measured, see benchmarks).
-    threads = int(think_setting("DB_THREADS"))
+    threads = int(setting("DB_THREADS"))
     _executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="think-db")
     loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="think-io"))
     thread = threading.Thread(target=loop.run_forever, name="think-loop", daemon=True)

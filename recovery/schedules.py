@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.conf import DEFAULTS, think_setting
+from .conf import DEFAULTS, setting
 
 
 def recovery_tick_seconds() -> float:
     """The period of the recovery tick: THINK["RECOVERY_TICK_S"], 1 s by default."""
-    return float(think_setting("RECOVERY_TICK_S"))
+    return float(setting("RECOVERY_TICK_S"))
 
 
 def beat_schedule(tick_seconds: float = DEFAULTS["RECOVERY_TICK_S"]) -> dict[str, Any]:

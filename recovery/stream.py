@@ -23,10 +23,10 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from chat.conf import think_setting
 from chat.models import Conversation
 from chat.protocol import chunk_frame, dumps, encode_chunk
 
+from .conf import setting
 from .exceptions import LeaseLost
 from .fibers import lease_ttl
 from .models import Fiber, Segment, Stream
@@ -275,9 +275,9 @@ class StreamWriter:
         self._flushed_any = False
         self._urgent = False
         self._cursor: dict[str, Any] | None = None  # the provider cursor of the buffered chunks
-        self._flush_every = int(think_setting("FLUSH_EVERY_CHUNKS"))
-        self.flush_interval = float(think_setting("FLUSH_INTERVAL_MS")) / 1000
-        self.persist = bool(think_setting("STREAM_PERSIST"))
+        self._flush_every = int(setting("FLUSH_EVERY_CHUNKS"))
+        self.flush_interval = float(setting("FLUSH_INTERVAL_MS")) / 1000
+        self.persist = bool(setting("STREAM_PERSIST"))
 
     @property
     def pending(self) -> bool:

@@ -8,15 +8,14 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client.exposition import choose_encoder
 
-from chat.conf import think_setting
-
+from .conf import setting
 from .metrics import exposition_registry
 
 
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     """Open unless THINK["METRICS_TOKEN"] is set; then only with "Authorization: Bearer <token>"."""
-    token = think_setting("METRICS_TOKEN")
+    token = setting("METRICS_TOKEN")
     if token:
         scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
         valid = hmac.compare_digest(offered.strip().encode(), str(token).encode())

@@ -1,0 +1,38 @@
+"""The recovery layer's settings: its keys of the one `THINK` dict, read at access time (so that
+override_settings works). The chat app adds its own keys to the same dict (chat.conf)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Stream buffer: flush at once on the first content, then every N chunks or T ms.
+    "FLUSH_EVERY_CHUNKS": 10,
+    "FLUSH_INTERVAL_MS": 100,
+    # Benchmarks only: False publishes frames without storing segments (no replay, no recovery).
+    "STREAM_PERSIST": True,
+    # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
+    "LEASE_TTL_S": 3.0,
+    "HEARTBEAT_INTERVAL_S": 1.0,
+    # The period of the recovery tick that celery beat sends (recovery.schedules.beat_schedule takes it;
+    # the health check's limit for a stale beat follows it).
+    "RECOVERY_TICK_S": 1.0,
+    # Threads each worker process gives its turns' database calls (recovery.runtime).
+    "DB_THREADS": 8,
+    # Each worker process listens for cancels on a Postgres session of its own (recovery.control), so
+    # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
+    # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.
+    "CANCEL_SIGNALS": True,
+    # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is open (firewall it).
+    "METRICS_TOKEN": None,
+}
+
+
+def setting(name: str, defaults: dict[str, Any] = DEFAULTS) -> Any:
+    """One THINK setting, falling back to its default."""
+    configured: dict[str, Any] = getattr(settings, "THINK", {}) or {}
+    if name in configured:
+        return configured[name]
+    return defaults[name]
