@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 
 from .conf import setting
 from .exceptions import LeaseLost
-from .models import Fiber
+from .models import Fiber, owner_model
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +81,7 @@ def fiber_claim(*, fiber_id: Any, owner: str) -> Claim | None:
     Claims are serialised per conversation by locking the conversation row, so only one turn of a
     conversation runs at a time across all workers, and turns start in the order they were accepted.
     """
-    from chat.models import Conversation
-
-    tables = {"fiber": Fiber._meta.db_table, "conversation": Conversation._meta.db_table}
+    tables = {"fiber": Fiber._meta.db_table, "conversation": owner_model()._meta.db_table}
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_CLAIM_LOCK.format(**tables), [fiber_id])
         locked = cursor.fetchone()

@@ -8,10 +8,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from chat.models import Conversation
-
 from .incidents import INCIDENT_TTL_MS, ChatRecovery, Evaluation, Incident, evaluate_incident
 from .models import Incident as IncidentRow
+from .models import owner_model
 
 _FIELDS = [f.name for f in dataclasses.fields(Incident)]
 
@@ -62,7 +61,8 @@ def incident_begin(
     """Open or re-evaluate an incident against the conversation's progress counter, and persist it."""
     with transaction.atomic():
         progress = (
-            Conversation.objects.select_for_update()
+            owner_model()
+            ._default_manager.select_for_update()
             .values_list("progress", flat=True)
             .get(pk=conversation_id)
         )

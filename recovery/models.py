@@ -205,3 +205,9 @@ class Alarm(models.Model):
 
     def __str__(self) -> str:
         return f"alarm {self.callback} at {self.due_at:%H:%M:%S}"
+
+
+def owner_model() -> type[models.Model]:
+    """The model whose rows own fibers, streams and incidents (the chat app's conversation), reached
+    through the fibers' relation: the recovery layer never imports it."""
+    return Fiber._meta.get_field("conversation").related_model  # type: ignore[return-value]

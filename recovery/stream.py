@@ -23,13 +23,12 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from chat.models import Conversation
 from chat.protocol import chunk_frame, dumps, encode_chunk
 
 from .conf import setting
 from .exceptions import LeaseLost
 from .fibers import lease_ttl
-from .models import Fiber, Segment, Stream
+from .models import Fiber, Segment, Stream, owner_model
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ def segments_write(entries: list[SegmentEntry]) -> dict[Any, SegmentWrite]:
             rows["credit"].append(entry.credit if last else 0)
             rows["reattach"].append(entry.reattach if last else None)
     sql = _GROUP_SQL.format(
-        fiber=Fiber._meta.db_table, conversation=Conversation._meta.db_table, segment=Segment._meta.db_table
+        fiber=Fiber._meta.db_table, conversation=owner_model()._meta.db_table, segment=Segment._meta.db_table
     )
     with connection.cursor() as cursor:
         params: dict[str, Any] = {**rows, "ttl": lease_ttl()}
