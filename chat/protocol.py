@@ -354,6 +354,16 @@ def chunk_frame(request_id_json: str, body: str, seq: int, *, continuation: bool
     )
 
 
+def chunk_framer(request_id: str, *, continuation: bool = False) -> Callable[[str, int], str]:
+    """The live frame of each chunk of one stream, from its body and seq (what a StreamWriter sends)."""
+    request_id_json = dumps(request_id)
+
+    def frame(body: str, seq: int) -> str:
+        return chunk_frame(request_id_json, body, seq, continuation=continuation)
+
+    return frame
+
+
 def response_frame(
     request_id: str,
     body: str = "",

@@ -32,7 +32,7 @@ from .folding import MessageAccumulator
 from .loop import ModelLoop
 from .models import Conversation
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
-from .protocol import chat_messages_frame, response_frame
+from .protocol import chat_messages_frame, chunk_framer, response_frame
 from .repair import repair_transcript
 from .selectors import messages_list, stream_partial
 from .services import TurnOutcome, transcript_repair_save, turn_finish
@@ -185,8 +185,7 @@ class TurnRunner:
             stream_id=self.stream_id,
             fiber_id=self.claim.fiber_id,
             fencing=self.claim.fencing,
-            request_id=self.request_id,
-            continuation=self.continuation,
+            frame=chunk_framer(self.request_id, continuation=self.continuation),
             fanout=(self.conversation_id, self.request_id),
         )
         self.writer.next_seq, self.writer.stored_seq = next_seq, next_seq - 1

@@ -13,6 +13,7 @@ ahead of, nor lags behind, the stored chunks.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -22,8 +23,6 @@ from typing import Any
 
 from django.db import connection
 from django.utils import timezone
-
-from chat.protocol import chunk_frame, dumps, encode_chunk
 
 from .conf import setting
 from .exceptions import LeaseLost
@@ -59,6 +58,14 @@ BACKLOG_BATCHES = 50
 BACKLOG_BYTES = 4 * MAX_SEGMENT_BYTES
 
 Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
+# The live frame of one stored chunk: (its body, its seq) -> the text a client is sent (the owner's
+# wire format; the chat app's is chat.protocol.chunk_framer).
+Frame = Callable[[str, int], str]
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON: a chunk's stored body never holds a raw newline (segments join bodies with one)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -244,17 +251,17 @@ class StreamWriter:
         stream_id: Any,
         fiber_id: Any,
         fencing: int,
-        request_id: str,
-        continuation: bool,
+        frame: Frame,
         publish: Publish | None = None,
         fanout: tuple[int, str] | None = None,
     ) -> None:
-        """`publish` sends a batch of frames; `fanout` (conversation id, request id) lets the flusher send
-        every writer's frames of a tick together instead (chat.broadcast)."""
+        """`frame` makes each stored chunk's live frame; `publish` sends a batch of frames; `fanout`
+        (conversation id, request id) lets the flusher send every writer's frames of a tick together
+        instead (chat.broadcast)."""
         self.stream_id = stream_id
         self.fiber_id = fiber_id
         self.fencing = fencing
-        self.continuation = continuation
+        self.frame = frame
         self.publish = publish
         self.fanout = fanout
         self.next_seq = 0
@@ -265,7 +272,6 @@ class StreamWriter:
             None  # ("cancel"|"lease"|"database")
         )
         self.last_write = time.monotonic()
-        self._request_id_json = dumps(request_id)
         self._buffer: list[dict[str, Any]] = []
         self._buffer_bytes = 0  # a rough size, from the deltas' lengths
         self._buffered_since = 0.0
@@ -353,15 +359,13 @@ class StreamWriter:
         for chunk in coalesce(chunks):
             seq = self.next_seq
             self.next_seq += 1
-            body = encode_chunk(chunk)
-            frames.append(
-                (seq, chunk_frame(self._request_id_json, body, seq, continuation=self.continuation))
-            )
+            body = dumps(chunk)
+            frames.append((seq, self.frame(body, seq)))
             # Measuring bytes needs an encode: only do it for chunks that could be that large.
             if len(body) * 4 > MAX_CHUNK_BYTES and len(body.encode()) > MAX_CHUNK_BYTES:
                 # Too big to store: it still goes out live, but a replay will not have it.
                 logger.warning("chunk %s of stream %s is too large to store", seq, self.stream_id)
-                body = encode_chunk({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
+                body = dumps({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
             bodies.append(body)
         first = frames[0][0]
         segments = _segments(first, bodies)

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 
+from chat.protocol import chunk_framer
 from recovery import diagnostics, metrics
 from recovery.detection import tick_claim
 from recovery.models import Fiber
@@ -145,9 +146,7 @@ def metric_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def writer(publish: Published) -> StreamWriter:
-    return StreamWriter(
-        stream_id=None, fiber_id=None, fencing=1, request_id="r-1", continuation=False, publish=publish
-    )
+    return StreamWriter(stream_id=None, fiber_id=None, fencing=1, frame=chunk_framer("r-1"), publish=publish)
 
 
 class Clock:

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from chat.protocol import chunk_framer
 from recovery.fibers import fiber_stash
 from recovery.runtime import db
 from recovery.stream import StreamWriter
@@ -82,8 +83,7 @@ async def test_the_writer_stores_the_cursor_of_the_chunks_it_flushes() -> None:
         stream_id=stream_id,
         fiber_id=claimed.fiber_id,
         fencing=claimed.fencing,
-        request_id=claimed.request_id,
-        continuation=False,
+        frame=chunk_framer(claimed.request_id),
         publish=publish,
     )
 
