@@ -287,6 +287,11 @@ def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:
         run_turn.delay(str(fiber_id))
 
 
+def turn_enqueue_pending(conversation_id: int) -> None:
+    """The recovery dispatcher's way to send a conversation's head pending turn (chat.apps)."""
+    turn_enqueue_next(conversation_id=conversation_id)
+
+
 def turn_enqueue_next(*, conversation_id: int) -> None:
     from .tasks import run_turn
 

@@ -191,6 +191,13 @@ def submission_turn_finished(*, conversation_id: int, root_request_id: str) -> N
     submission_set_status(row.pk, outcome, error, only_from=[Submission.Status.RUNNING])
 
 
+async def drain_alarm(conversation: Conversation, data: dict[str, Any]) -> None:
+    """The drain alarm's callback (registered in chat.apps): start the next pending submission."""
+    from recovery.runtime import db
+
+    await db(submissions_drain, conversation_id=conversation.pk)
+
+
 def submissions_sweep() -> int:
     """Settle running submissions whose chain has ended, drain free conversations; for the beat tick."""
     settled = 0

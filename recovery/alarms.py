@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,20 @@ from .models import Alarm
 
 # An alarm claimed by a worker that died is fired again after this long.
 ALARM_CLAIM_TTL = timedelta(seconds=30)
+
+# What an alarm runs, by its callback name: (the owning conversation row, the alarm's payload).
+AlarmCallback = Callable[[Any, dict[str, Any]], Awaitable[None]]
+_callbacks: dict[str, AlarmCallback] = {}
+
+
+def register_callback(name: str, callback: AlarmCallback) -> None:
+    """Make `name` an alarm callback; an app calls it in its AppConfig.ready(), as it registers a
+    ModelAdmin. Registering a name again replaces it (a reload)."""
+    _callbacks[name] = callback
+
+
+def registered_callback(name: str) -> AlarmCallback | None:
+    return _callbacks.get(name)
 
 
 def _key(conversation_id: int, callback: str, payload: dict[str, Any]) -> str:

@@ -18,10 +18,9 @@ from chat.agents import Think, agent_for
 from chat.models import Conversation
 from chat.protocol import recovering_frame
 from chat.services import turn_start_recovered
-from chat.submissions import DRAIN_CALLBACK
 
 from . import diagnostics
-from .alarms import alarm_done, alarm_retry_later, alarm_schedule
+from .alarms import alarm_done, alarm_retry_later, alarm_schedule, register_callback, registered_callback
 from .engine import (
     CONTINUE_CALLBACK,
     RETRY_CALLBACK,
@@ -60,7 +59,7 @@ async def fire_alarm(alarm_id: int) -> None:
     if loaded is None:
         return
     alarm, conversation = loaded
-    handler = CALLBACKS.get(alarm.callback)
+    handler = registered_callback(alarm.callback)
     if handler is None:
         logger.error("alarm %s has unknown callback %r; dropped", alarm_id, alarm.callback)
         await db(alarm_done, alarm_id=alarm_id)
@@ -244,13 +243,8 @@ async def _retry(conversation: Conversation, data: dict[str, Any]) -> None:
     await _Callback(conversation, data, RETRY_CALLBACK).run()
 
 
-async def _drain(conversation: Conversation, data: dict[str, Any]) -> None:
-    from chat.submissions import submissions_drain
-
-    await db(submissions_drain, conversation_id=conversation.pk)
-
-
-CALLBACKS = {CONTINUE_CALLBACK: _continue, RETRY_CALLBACK: _retry, DRAIN_CALLBACK: _drain}
+register_callback(CONTINUE_CALLBACK, _continue)
+register_callback(RETRY_CALLBACK, _retry)
 
 
 async def settle_recovered_turn(*, conversation: Conversation, incident_id: str, outcome: str) -> None:

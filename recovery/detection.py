@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 
 from . import metrics
 from .alarms import alarms_claim_due
+from .dispatch import dispatcher
 from .models import Fiber
 
 logger = logging.getLogger(__name__)
@@ -101,8 +102,6 @@ def fibers_requeue_stale(*, limit: int = 100) -> int:
     once per wait (REQUEUE_IDLE_AFTER while the turn queue is empty, else REQUEUE_AFTER), so a busy
     queue is not flooded.
     """
-    from chat.services import turn_enqueue_next
-
     stale = _pending_for(REQUEUE_IDLE_AFTER)
     if not stale.exists():
         return 0  # the common case, without a look at the broker
@@ -111,7 +110,7 @@ def fibers_requeue_stale(*, limit: int = 100) -> int:
     conversations = list(stale.values_list("conversation_id", flat=True).distinct()[:limit])
     for conversation_id in conversations:
         stale.filter(conversation_id=conversation_id).update(heartbeat_at=Now())
-        turn_enqueue_next(conversation_id=conversation_id)
+        dispatcher().enqueue_next(conversation_id)
     return len(conversations)
 
 
@@ -123,13 +122,12 @@ def _pending_for(wait: timedelta) -> Any:
 
 
 def turn_queue_size() -> int | None:
-    """Messages waiting in the broker queue run_turn is routed to; None when the broker cannot tell."""
+    """Messages waiting in the broker queue the dispatcher's task is routed to; None when the broker
+    cannot tell."""
     from celery import current_app
 
-    from chat.tasks import run_turn
-
     try:
-        queue = current_app.amqp.router.route({}, run_turn.name)["queue"].name
+        queue = current_app.amqp.router.route({}, dispatcher().task_name)["queue"].name
         with current_app.connection_for_read() as connection:
             channel: Any = connection.default_channel
             return int(channel.queue_declare(queue=queue, passive=True).message_count)

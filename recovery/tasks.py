@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
@@ -10,6 +11,15 @@ from celery import shared_task
 from . import runtime
 
 logger = logging.getLogger(__name__)
+
+# Work an app adds to every recovery tick (name -> a function returning how many rows it settled).
+_sweeps: dict[str, Callable[[], int]] = {}
+
+
+def register_tick_sweep(name: str, sweep: Callable[[], int]) -> None:
+    """Run `sweep` on every recovery tick (an app calls it in its AppConfig.ready()); its count is
+    reported under `name` in the tick's result. A sweep that raises is logged and never stops the tick."""
+    _sweeps[name] = sweep
 
 
 @shared_task(name="think.recovery_tick", ignore_result=True)
@@ -21,7 +31,7 @@ def recovery_tick(limit: int = 100) -> dict[str, int]:
     claims = tick_claim(limit=limit)
     beat_touch()
     requeued = fibers_requeue_stale(limit=limit)
-    settled = _submissions_sweep()
+    swept = {name: _sweep(name, sweep) for name, sweep in _sweeps.items()}
     for fiber_id in claims.fibers:
         recover_fiber.delay(str(fiber_id))
     for alarm_id in claims.alarms:
@@ -30,21 +40,14 @@ def recovery_tick(limit: int = 100) -> dict[str, int]:
         logger.info(
             "recovery tick: %s interrupted fibers, %s due alarms", len(claims.fibers), len(claims.alarms)
         )
-    return {
-        "fibers": len(claims.fibers),
-        "alarms": len(claims.alarms),
-        "requeued": requeued,
-        "submissions": settled,
-    }
+    return {"fibers": len(claims.fibers), "alarms": len(claims.alarms), "requeued": requeued, **swept}
 
 
-def _submissions_sweep() -> int:
-    from chat.submissions import submissions_sweep
-
+def _sweep(name: str, sweep: Callable[[], int]) -> int:
     try:
-        return submissions_sweep()
+        return sweep()
     except Exception:  # never let it stop the tick that drives recovery
-        logger.exception("submission sweep failed")
+        logger.exception("%s sweep failed", name)
         return 0
 
 
