@@ -83,9 +83,17 @@ def answer_text(message: dict[str, Any]) -> str:
 
 
 def send(page: Any, text: str) -> None:
-    """Send a message as the input would; returns at once (sendMessage's promise ends with the turn)."""
+    """Send a message as the input would; returns once the hook took it (sendMessage's promise ends
+    with the turn). A short turn can be over before a poll sees the hook busy, so the user message
+    showing counts as taken too; polled on a timer, which a background tab still runs."""
+    before = page.evaluate("() => window.hook.messages().length")
     page.evaluate("text => { window.hook.send(text); }", text)
-    page.wait_for_function("window.hook.status() !== 'ready'", timeout=5_000)
+    page.wait_for_function(
+        "before => window.hook.status() !== 'ready' || window.hook.messages().length > before",
+        arg=before,
+        polling=20,
+        timeout=5_000,
+    )
 
 
 def test_a_streamed_answer(stack: Any, context: Any, bundle: Path) -> None:
