@@ -56,7 +56,6 @@ __all__ = [
     "create_compact_function",
     "default_chat_error_classifier",
     "default_context_overflow_classifier",
-    "Assistant",
     "ChatRecovery",
     "ChatRecoveryContext",
     "ChatRecoveryOptions",
@@ -140,7 +139,11 @@ class Think:
         self._session: Session | None = None
 
     def get_model(self) -> str | dict[str, Any]:
-        """A litellm model string, or a dict of litellm completion kwargs (model, api_base, ...)."""
+        """A litellm model string, or a dict of litellm completion kwargs (model, api_base, ...).
+
+        By default THINK["MODEL"]; when that is not set either the turn fails with ImproperlyConfigured
+        (and `manage.py check` says so beforehand, think_chat.E011).
+        """
         return default_model()
 
     def get_system_prompt(self) -> str | None:
@@ -367,37 +370,6 @@ def current_agent() -> Think | None:
 
 
 _current_agent: ContextVar[Think | None] = ContextVar("think_current_agent", default=None)
-
-
-@tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
-def get_weather(city: str) -> dict[str, Any]:
-    """The weather in a city (a demo: made up, but the same for the same city)."""
-    seed = sum(map(ord, city.lower()))
-    return {"city": city, "celsius": seed % 35 - 5, "sky": ("clear", "cloudy", "rain", "snow")[seed % 4]}
-
-
-@tool(
-    parameters={
-        "type": "object",
-        "properties": {"to": {"type": "string"}, "subject": {"type": "string"}},
-        "required": ["to", "subject"],
-    },
-    needs_approval=True,
-)
-def send_email(to: str, subject: str) -> str:
-    """Send an email (a demo: a person approves each call, and nothing is really sent)."""
-    return f"Email to {to} about {subject!r} queued (demo: nothing was sent)."
-
-
-class Assistant(Think):
-    """The demo agent: the configured model (the scripted model by default), a short system prompt, and
-    two demo tools (one needs approval); the page adds its client tools."""
-
-    def get_system_prompt(self) -> str | None:
-        return "You are a helpful assistant."
-
-    def get_tools(self) -> list[Tool]:
-        return [get_weather, send_email]
 
 
 def agent_names() -> list[str]:

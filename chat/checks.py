@@ -104,6 +104,15 @@ def _check_agents() -> list[CheckMessage]:
             continue
         if not (isinstance(cls, type) and issubclass(cls, Think)):
             errors.append(Error(f"Agent {name!r}: {path!r} is not a Think subclass.", id="think_chat.E004"))
+        elif cls.get_model is Think.get_model and not think_setting("MODEL"):
+            errors.append(
+                Error(
+                    f"Agent {name!r} has no model: THINK['MODEL'] is not set and {path} does not override"
+                    " get_model().",
+                    hint="Set THINK['MODEL'] to a litellm model (for example 'openai/gpt-4o-mini').",
+                    id="think_chat.E011",
+                )
+            )
     return errors
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
 
 from recovery.conf import DEFAULTS as RECOVERY_DEFAULTS
 from recovery.conf import setting
@@ -11,11 +12,15 @@ from recovery.conf import setting
 DEFAULTS: dict[str, Any] = {
     # The recovery layer's keys (flush policy, leases, the tick, ...): recovery.conf.
     **RECOVERY_DEFAULTS,
-    # Agent name (as used in the URL, kebab-case) -> dotted path of a Think subclass.
-    "AGENTS": {"assistant": "chat.agents.Assistant"},
-    # A litellm model string or a dict of completion kwargs; None picks the scripted model.
+    # Agent name (as used in the URL, kebab-case) -> dotted path of a Think subclass. None by default:
+    # the site names its agents (`manage.py check` says so when it does not).
+    "AGENTS": {},
+    # The model of agents that do not override get_model(): a litellm model string or a dict of
+    # completion kwargs (model, api_base, api_key, ...). None: every agent must say its own.
     "MODEL": None,
-    "SCRIPTED_MODEL_URL": "http://127.0.0.1:8765/v1",
+    # Models litellm's cost map does not know (a self-hosted or local model), as litellm.register_model
+    # takes them: {"openai/my-model": {"litellm_provider": "openai", "mode": "chat"}}.
+    "LITELLM_MODELS": {},
     # A connection following a live stream that hears nothing of it for this long reads the store:
     # chunks the channel layer lost, and the end of a stream that ended (chat.silence).
     "STREAM_SILENCE_MS": 2000,
@@ -44,14 +49,10 @@ def think_setting(name: str) -> Any:
 
 
 def default_model() -> str | dict[str, Any]:
-    """The model used by agents that do not override get_model()."""
+    """The model used by agents that do not override get_model(): THINK["MODEL"]."""
     model = think_setting("MODEL")
-    if model:
-        return model  # type: ignore[no-any-return,unused-ignore]
-    return scripted_model()
-
-
-def scripted_model() -> dict[str, Any]:
-    """litellm kwargs for the local scripted OpenAI-compatible server."""
-    url = os.environ.get("SCRIPTED_MODEL_URL") or think_setting("SCRIPTED_MODEL_URL")
-    return {"model": "openai/scripted", "api_base": url, "api_key": "sk-scripted"}
+    if not model:
+        raise ImproperlyConfigured(
+            "THINK['MODEL'] is not set and the agent does not override get_model(): name a litellm model"
+        )
+    return model  # type: ignore[no-any-return,unused-ignore]

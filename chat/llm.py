@@ -16,9 +16,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from .conf import think_setting
 from .exceptions import ReattachUnavailable, ResponseFailed
-
-SCRIPTED_MODEL = "openai/scripted"
 
 
 @dataclass(frozen=True)
@@ -96,17 +95,10 @@ def load_litellm() -> Any:
         litellm.suppress_debug_info = True
         # litellm streams a Responses API call to a model its cost map does not know by faking it: one
         # blocking call, replayed as events; for a background response that is the queued response and
-        # nothing more. So the scripted model is made known (a real provider's models are in the map).
-        # Its mode stays "chat": "responses" would send every chat completion through litellm's bridge.
-        litellm.register_model(
-            {
-                SCRIPTED_MODEL: {
-                    "litellm_provider": "openai",
-                    "mode": "chat",
-                    "supports_native_streaming": True,
-                }
-            }
-        )
+        # nothing more. So the site's own models are made known (a real provider's are in the map).
+        models = think_setting("LITELLM_MODELS")
+        if models:
+            litellm.register_model(dict(models))
         litellm._think_configured = True
     return litellm
 

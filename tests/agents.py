@@ -11,7 +11,6 @@ import redis
 from django.conf import settings
 
 from chat.agents import (
-    Assistant,
     ChatErrorContext,
     ChatRecovery,
     ChatRecoveryContext,
@@ -26,6 +25,7 @@ from chat.agents import (
     tool,
 )
 from chat.session import Session
+from thinkproject.agents import Assistant
 
 
 def probe_redis() -> redis.Redis:

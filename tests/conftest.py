@@ -37,13 +37,15 @@ def scripted_model() -> Iterator[ScriptedModelServer]:
 
 @pytest.fixture
 def in_process_model(
-    scripted_model: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch, stack_environment: dict[str, str]
+    scripted_model: ScriptedModelServer, settings: Any, stack_environment: dict[str, str]
 ) -> str:
     """Turns run in the test process itself (Think.chat()) reach the test's scripted model.
 
     stack_environment closes, at the end, the connections their database threads leave open.
     """
-    monkeypatch.setenv("SCRIPTED_MODEL_URL", scripted_model.url)
+    from thinkproject.scripted import litellm_kwargs
+
+    settings.THINK = {**settings.THINK, "MODEL": litellm_kwargs(scripted_model.url)}
     return scripted_model.url
 
 

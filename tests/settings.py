@@ -36,7 +36,7 @@ THINK = {
     **THINK,
     "GROUP_PREFIX": "thinktest",
     "AGENTS": {
-        "assistant": "chat.agents.Assistant",
+        "assistant": "thinkproject.agents.Assistant",
         "recovery-probe": "tests.agents.RecoveryProbe",
         "stalling-agent": "tests.agents.StallingAgent",
         "reattach-agent": "tests.agents.ReattachAgent",

@@ -51,8 +51,9 @@ def server() -> Iterator[ScriptedModelServer]:
 def native_streaming() -> None:
     """litellm 1.110.2 fakes the stream of a model it has no cost-map entry for (supports_native_streaming
     is False when the lookup fails): it POSTs without ``stream`` and wraps the reply, which for a
-    background request is the *queued* response. chat.llm registers the scripted model when it loads
-    litellm, which makes the stream real; these tests use that registration."""
+    background request is the *queued* response. The demo settings name the scripted model in
+    THINK["LITELLM_MODELS"], which chat.llm registers when it loads litellm: that makes the stream
+    real; these tests use that registration."""
     load_litellm()
     assert supports_native_streaming(MODEL, "openai")
 

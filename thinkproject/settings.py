@@ -157,8 +157,14 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+from thinkproject import scripted  # noqa: E402
+
 THINK: dict[str, Any] = {
-    "AGENTS": {"assistant": "chat.agents.Assistant"},
+    "AGENTS": {"assistant": "thinkproject.agents.Assistant"},
+    # THINK_MODEL names any litellm model; without it the demo talks to its scripted model (no key).
+    "MODEL": os.environ.get("THINK_MODEL") or scripted.litellm_kwargs(),
+    "LITELLM_MODELS": scripted.LITELLM_MODELS,
     # The demo page works without an account: anonymous visitors own what they open through their
     # session. THINK_ACCESS_POLICY=chat.access.UserAccess requires a login (the apps' default).
     "ACCESS_POLICY": os.environ.get("THINK_ACCESS_POLICY", "chat.access.SessionAccess"),
@@ -167,12 +173,8 @@ THINK: dict[str, Any] = {
 }
 if os.environ.get("THINK_METRICS_TOKEN"):
     THINK["METRICS_TOKEN"] = os.environ["THINK_METRICS_TOKEN"]
-if os.environ.get("THINK_MODEL"):
-    THINK["MODEL"] = os.environ["THINK_MODEL"]
 if os.environ.get("THINK_STREAM_PERSIST") == "0":  # benchmarks only: measures what durability costs
     THINK["STREAM_PERSIST"] = False
-if os.environ.get("SCRIPTED_MODEL_URL"):
-    THINK["SCRIPTED_MODEL_URL"] = os.environ["SCRIPTED_MODEL_URL"]
 if os.environ.get("THINK_CANCEL_SIGNALS") == "0":  # behind PgBouncer in transaction mode (docs/operations.md)
     THINK["CANCEL_SIGNALS"] = False
 

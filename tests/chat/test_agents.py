@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
-from chat.agents import Assistant, Think, agent_class, agent_for, agent_names, kebab
+from chat.agents import Think, agent_class, agent_for, agent_names, kebab
+from chat.checks import check_think_settings
 from chat.exceptions import UnknownAgent
+from thinkproject.agents import Assistant
 
 
 class CustomAgent(Think):
@@ -53,11 +56,13 @@ def test_agent_class_default_registry() -> None:
 
 
 def test_agent_names(settings: Any) -> None:
-    settings.THINK = {"AGENTS": {"assistant": "chat.agents.Assistant", "helper": "chat.agents.Assistant"}}
+    settings.THINK = {
+        "AGENTS": {"assistant": "thinkproject.agents.Assistant", "helper": "thinkproject.agents.Assistant"}
+    }
     assert agent_names() == ["assistant", "helper"]
 
 
-@pytest.mark.parametrize("name", ["nope", "Assistant", "assistant-", "", "chat.agents.Assistant"])
+@pytest.mark.parametrize("name", ["nope", "Assistant", "assistant-", "", "thinkproject.agents.Assistant"])
 def test_unknown_agent(name: str) -> None:
     with pytest.raises(UnknownAgent):
         agent_class(name)
@@ -79,15 +84,48 @@ def test_custom_registration_is_read_at_access_time(settings: Any) -> None:
 
 def test_several_registrations(settings: Any) -> None:
     settings.THINK = {
-        "AGENTS": {"assistant": "chat.agents.Assistant", "SUPPORT_BOT": "tests.chat.test_agents.CustomAgent"}
+        "AGENTS": {
+            "assistant": "thinkproject.agents.Assistant",
+            "SUPPORT_BOT": "tests.chat.test_agents.CustomAgent",
+        }
     }
     assert agent_class("assistant") is Assistant
     assert agent_class("support-bot") is CustomAgent
 
 
-def test_missing_agents_setting_falls_back_to_the_default(settings: Any) -> None:
+def test_the_apps_name_no_agent_of_their_own(settings: Any) -> None:
+    """The demo's agent lives in the demo site: a site that names no agents has none."""
     settings.THINK = {"GROUP_PREFIX": "x"}
-    assert agent_class("assistant") is Assistant
+    assert agent_names() == []
+    with pytest.raises(UnknownAgent):
+        agent_class("assistant")
+
+
+def test_without_a_model_an_agent_says_so_instead_of_calling_anything(settings: Any) -> None:
+    settings.THINK = {"AGENTS": {"custom": "tests.chat.test_agents.CustomAgent"}}
+    with pytest.raises(ImproperlyConfigured, match="THINK\\['MODEL'\\] is not set"):
+        CustomAgent(agent="custom", name="n").completion_kwargs()
+
+
+def test_the_check_names_each_agent_without_a_model(settings: Any) -> None:
+    class OwnModel(Think):
+        def get_model(self) -> Any:
+            return "openai/gpt-test"
+
+    globals()["OwnModel"] = OwnModel  # importable by its dotted path
+    agents = {"custom": "tests.chat.test_agents.CustomAgent", "own": "tests.chat.test_agents.OwnModel"}
+    settings.THINK = {"AGENTS": agents}
+    errors = [e for e in check_think_settings() if e.id == "think_chat.E011"]
+    assert [e.msg.split(":")[0] for e in errors] == ["Agent 'custom' has no model"]
+    settings.THINK = {"AGENTS": agents, "MODEL": "openai/gpt-test"}
+    assert [e.id for e in check_think_settings()] == []
+
+
+def test_the_demo_site_names_its_scripted_model_for_litellm() -> None:
+    from chat.llm import load_litellm
+
+    litellm = load_litellm()
+    assert litellm.model_cost["openai/scripted"]["mode"] == "chat"  # not in litellm's own map
 
 
 def test_registration_that_is_not_a_think_subclass_is_unknown(settings: Any) -> None:

@@ -44,8 +44,12 @@ def check_ids() -> list[str]:
 
 
 # -- settings and system checks ------------------------------------------------------------------------
-def test_the_defaults_pass_the_checks(settings: Any) -> None:
+def test_the_defaults_pass_the_checks_once_a_site_names_its_agents_and_model(settings: Any) -> None:
     settings.THINK = {}
+    assert check_ids() == ["think_chat.E001"], "the apps name no agent of their own"
+    settings.THINK = {"AGENTS": {"assistant": "thinkproject.agents.Assistant"}}
+    assert check_ids() == ["think_chat.E011"], "nor a model"
+    settings.THINK = {"AGENTS": {"assistant": "thinkproject.agents.Assistant"}, "MODEL": "openai/gpt-test"}
     assert check_ids() == []
     assert frame_limits() == p.DEFAULT_LIMITS  # the codec's defaults are the settings' defaults
 

@@ -224,7 +224,7 @@ async def test_only_reattach_calls_go_to_the_responses_api(scripted_model: Any) 
     """Registering the scripted model with litellm (so its Responses streams are real) must not send
     ordinary chat completions through litellm's Responses bridge."""
     from chat import llm
-    from chat.conf import scripted_model as scripted_kwargs
+    from thinkproject.scripted import litellm_kwargs as scripted_kwargs
 
     model = {**scripted_kwargs(), "api_base": scripted_model.url}
     created = scripted_model.responses_created
@@ -268,9 +268,9 @@ async def test_a_resume_the_provider_cannot_serve_says_why(scripted_model: Any) 
     """Unknown to the provider: not_found; the provider unreachable or refusing: unavailable. Either
     way the loop falls back to an ordinary continuation, never ends the turn."""
     from chat import llm
-    from chat.conf import scripted_model as scripted_kwargs
     from chat.exceptions import ReattachUnavailable
     from tests.support import free_port
+    from thinkproject.scripted import litellm_kwargs as scripted_kwargs
 
     model = {**scripted_kwargs(), "api_base": scripted_model.url}
     cursor = ResponseCursor("resp_never_made", 3)

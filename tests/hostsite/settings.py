@@ -124,4 +124,13 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
 THINK: dict[str, Any] = {
     "AGENTS": {"helpdesk": "tests.hostsite.agents.Helpdesk"},
     "GROUP_PREFIX": "thinkhost",
+    # The tests' scripted model, as a host names its own provider's (litellm does not know this one).
+    "MODEL": {
+        "model": "openai/scripted",
+        "api_base": os.environ.get("SCRIPTED_MODEL_URL", "http://127.0.0.1:8765/v1"),
+        "api_key": "sk-host",
+    },
+    "LITELLM_MODELS": {
+        "openai/scripted": {"litellm_provider": "openai", "mode": "chat", "supports_native_streaming": True}
+    },
 }
