@@ -37,7 +37,7 @@ def connect_state(*, conversation_id: int) -> ConnectState:
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
         return ConnectState(stream.request_id, None, [], None)
-    from recovery.recovery_state import recovering_flag_active
+    from .turn_recovery import recovering_flag_active
 
     conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
     fresh = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
@@ -86,7 +86,7 @@ def probe_answer(*, conversation_id: int, channel_name: str | None = None) -> Pr
         return ProbeAnswer("resuming", stream.request_id)
     # Between an interrupted stream's end and its continuation's start, recovery owns the turn:
     # the client waits (parked) rather than hearing "idle"; it is released if recovery ends without one.
-    from recovery.recovery_state import recovering_flag_active
+    from .turn_recovery import recovering_flag_active
 
     flag = Conversation.objects.values_list("recovering", flat=True).get(pk=conversation_id)
     if isinstance(flag, dict) and recovering_flag_active(flag, now_ms=int(time.time() * 1000)):

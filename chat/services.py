@@ -288,7 +288,7 @@ def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:
 
 
 def turn_enqueue_pending(conversation_id: int) -> None:
-    """The recovery dispatcher's way to send a conversation's head pending turn (chat.apps)."""
+    """How the recovery layer sends a conversation's head pending turn again (chat.turn_recovery)."""
     turn_enqueue_next(conversation_id=conversation_id)
 
 

@@ -444,7 +444,7 @@ class TurnRunner:
             logger.warning("fiber lease lost while finishing; nothing written", extra=self.log_extra)
             return
         if self.incident_id:  # a recovered turn settles its incident (and the recovering flag) first
-            from recovery.callbacks import settle_recovered_turn
+            from .recovery_alarms import settle_recovered_turn
 
             conversation = await db(Conversation.objects.get, pk=self.conversation_id)
             await settle_recovered_turn(

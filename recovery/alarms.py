@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from . import diagnostics
 from .models import Alarm
+from .runtime import db
+
+logger = logging.getLogger(__name__)
 
 # An alarm claimed by a worker that died is fired again after this long.
 ALARM_CLAIM_TTL = timedelta(seconds=30)
@@ -103,3 +108,34 @@ def alarms_pending(*, conversation_id: int, callback: str | None = None) -> list
     if callback is not None:
         alarms = alarms.filter(callback=callback)
     return list(alarms)
+
+
+def _load_running(alarm_id: int) -> tuple[Alarm, Any] | None:
+    alarm = (
+        Alarm.objects.filter(pk=alarm_id, status=Alarm.Status.RUNNING).select_related("conversation").first()
+    )
+    return None if alarm is None else (alarm, alarm.conversation)
+
+
+async def fire_alarm(alarm_id: int) -> None:
+    """Run one claimed alarm; infrastructure errors put it back, anything else is handled by its callback."""
+    loaded = await db(_load_running, alarm_id)
+    if loaded is None:
+        return
+    alarm, owner = loaded
+    handler = registered_callback(alarm.callback)
+    if handler is None:
+        logger.error("alarm %s has unknown callback %r; dropped", alarm_id, alarm.callback)
+        await db(alarm_done, alarm_id=alarm_id)
+        return
+    labels = {"agent": getattr(owner, "agent", ""), "name": getattr(owner, "name", "")}
+    diagnostics.emit("schedule:execute", {"callback": alarm.callback, "id": alarm_id}, **labels)
+    try:
+        await handler(owner, dict(alarm.payload))
+    except (OSError, ConnectionError) as exc:  # transient: keep the alarm and try again shortly
+        diagnostics.emit(
+            "schedule:retry", {"callback": alarm.callback, "id": alarm_id, "error": str(exc)}, **labels
+        )
+        await db(alarm_retry_later, alarm_id=alarm_id, delay_s=1)
+        return
+    await db(alarm_done, alarm_id=alarm_id)

@@ -18,8 +18,8 @@ from django.db.models.functions import Now
 
 from . import metrics
 from .alarms import alarms_claim_due
-from .dispatch import dispatcher
 from .models import Fiber
+from .targets import recovery_target
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def fibers_requeue_stale(*, limit: int = 100) -> int:
     conversations = list(stale.values_list("conversation_id", flat=True).distinct()[:limit])
     for conversation_id in conversations:
         stale.filter(conversation_id=conversation_id).update(heartbeat_at=Now())
-        dispatcher().enqueue_next(conversation_id)
+        recovery_target().enqueue_next(conversation_id)
     return len(conversations)
 
 
@@ -122,12 +122,12 @@ def _pending_for(wait: timedelta) -> Any:
 
 
 def turn_queue_size() -> int | None:
-    """Messages waiting in the broker queue the dispatcher's task is routed to; None when the broker
+    """Messages waiting in the broker queue the target's task is routed to; None when the broker
     cannot tell."""
     from celery import current_app
 
     try:
-        queue = current_app.amqp.router.route({}, dispatcher().task_name)["queue"].name
+        queue = current_app.amqp.router.route({}, recovery_target().task_name)["queue"].name
         with current_app.connection_for_read() as connection:
             channel: Any = connection.default_channel
             return int(channel.queue_declare(queue=queue, passive=True).message_count)

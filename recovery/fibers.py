@@ -202,3 +202,10 @@ def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
         updated = cursor.rowcount
     if not updated:
         raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+
+
+def fiber_mark_recovered(*, fiber_id: Any) -> None:
+    """The engine has handled an interrupted fiber (its continuation, if any, is a fiber of its own)."""
+    Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED).update(
+        status=Fiber.Status.RECOVERED, finished_at=Now(), lease_expires_at=None
+    )

@@ -2,8 +2,9 @@
 
 Each goes through the services the engine itself uses: a forced recovery claims fibers the way the beat
 tick does (fencing number bumped, so the worker that held them can write nothing more; status
-interrupted) and hands them to `think.recover_fiber`; a give-up is the callback path's give-up; a sweep
-is one beat tick. Nothing here edits a transcript.
+interrupted) and hands them to `think.recover_fiber`; a give-up and a cleared recovering flag are the
+recovery target's (recovery.targets: the owner's side); a sweep is one beat tick. Nothing here edits a
+transcript.
 """
 
 from __future__ import annotations
@@ -13,26 +14,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Coalesce, Now, NullIf
 from django.utils import timezone
 
-from chat import broadcast
-from chat.exceptions import UnknownAgent
-from chat.models import Conversation
-from chat.protocol import recovering_frame
-
-from . import runtime, tasks
+from . import tasks
 from .detection import HANDLING_TTL, RECOVERY_OWNER
-from .engine import CONTINUE_CALLBACK, RETRY_CALLBACK
 from .exceptions import OperationRefused
-from .fibers import conversation_busy, fiber_request_cancel
-from .models import Alarm, Fiber, Incident
-from .recovery_state import conversation_set_recovering
+from .models import Fiber, Incident
 from .retention import ABANDONED_RETENTION, streams_sweep
+from .targets import recovery_target
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +38,6 @@ CLOSED_INCIDENTS = [
     Incident.Status.EXHAUSTED,
     Incident.Status.FAILED,
 ]
-# How long a forced give-up may take (it runs the agent's on_exhausted hook) before the caller stops waiting.
-GIVE_UP_TIMEOUT_S = 60.0
 
 
 def epoch_ms_datetime(value: int | None) -> datetime | None:
@@ -125,32 +116,8 @@ def fibers_force_recover_stale(
 # --------------------------------------------------------------------------------------------------------
 
 
-def _recovery_stop(incident: Incident) -> None:
-    """No recovery of a given-up incident may start later: its pending alarms go, its turns are cancelled."""
-    Alarm.objects.filter(
-        conversation_id=incident.conversation_id,
-        callback__in=[CONTINUE_CALLBACK, RETRY_CALLBACK],
-        status=Alarm.Status.PENDING,
-        payload__incidentId=incident.incident_id,
-    ).delete()
-    chain = Fiber.objects.filter(
-        conversation_id=incident.conversation_id, snapshot__chat__incidentId=incident.incident_id
-    ).active()
-    for request_id in chain.values_list("request_id", flat=True):
-        fiber_request_cancel(conversation_id=incident.conversation_id, request_id=request_id)
-
-
 def _give_up(incident: Incident) -> None:
-    from .callbacks import _Callback
-
-    callback = RETRY_CALLBACK if incident.recovery_kind == "retry" else CONTINUE_CALLBACK
-    data = {"incidentId": incident.incident_id, "originalRequestId": incident.recovery_root_request_id}
-    try:
-        handler = _Callback(incident.conversation, data, callback)
-    except UnknownAgent as exc:
-        raise OperationRefused(f"{incident.conversation}: {exc}") from None
-    _recovery_stop(incident)
-    runtime.run(handler.give_up(FORCED), timeout=GIVE_UP_TIMEOUT_S)
+    recovery_target().give_up(incident, reason=FORCED)
     logger.info(
         "recovery given up by an operator",
         extra={"conversation_id": incident.conversation_id, "incident_id": incident.incident_id},
@@ -181,17 +148,7 @@ def conversation_give_up(*, conversation_id: int) -> int:
 
 def conversation_clear_recovering(*, conversation_id: int) -> bool:
     """Clear a stuck recovering flag and tell the clients; False when there was none."""
-    changed = conversation_set_recovering(conversation_id=conversation_id, request_id=None)
-    # A flag past its TTL already counts as absent, so the service leaves it; an operator wants it gone.
-    flagged = Conversation.objects.filter(pk=conversation_id, recovering__isnull=False)
-    expired = flagged.update(recovering=None)
-    if not (changed or expired):
-        return False
-    broadcast.publish_sync(conversation_id, recovering_frame(False))
-    # As release_parked_if_idle does for the engine: parked clients wait no more unless a turn follows.
-    if not conversation_busy(conversation_id):
-        async_to_sync(broadcast.release_parked)(conversation_id)
-    return True
+    return recovery_target().clear_recovering(conversation_id)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -60,9 +60,9 @@ def recover_fiber(fiber_id: str) -> None:
 
 @shared_task(name="think.fire_alarm", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def fire_alarm(alarm_id: Any) -> None:
-    from .callbacks import fire_alarm as callbacks_fire_alarm
+    from .alarms import fire_alarm as alarms_fire_alarm
 
-    runtime.run(callbacks_fire_alarm(int(alarm_id)))
+    runtime.run(alarms_fire_alarm(int(alarm_id)))
 
 
 @shared_task(name="think.streams_sweep", ignore_result=True)

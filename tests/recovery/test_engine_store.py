@@ -28,13 +28,21 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-import recovery.engine
 import recovery.tasks
 from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, Think
 from chat.models import Conversation, Message
 from chat.protocol import encode_chunk
 from chat.selectors import messages_list
 from chat.services import message_upsert, turn_snapshot
+from chat.turn_recovery import (
+    CONTINUE_CALLBACK,
+    DECLINED_MESSAGE,
+    RETRY_CALLBACK,
+    conversation_set_recovering,
+    load_target,
+    orphan_persist,
+    unwrap_snapshot,
+)
 from recovery.alarms import (
     ALARM_CLAIM_TTL,
     alarm_done,
@@ -43,12 +51,7 @@ from recovery.alarms import (
     alarms_claim_due,
 )
 from recovery.detection import HANDLING_TTL, RECOVERY_OWNER, fiber_interrupt, fiber_release, tick_claim
-from recovery.engine import (
-    CONTINUE_CALLBACK,
-    DECLINED_MESSAGE,
-    RETRY_CALLBACK,
-    recover_fiber,
-)
+from recovery.engine import recover_fiber
 from recovery.exceptions import LeaseLost
 from recovery.fibers import Claim, fiber_claim, fiber_finish, fiber_request_cancel, lease_ttl
 from recovery.incident_store import (
@@ -67,12 +70,6 @@ from recovery.incidents import (
 )
 from recovery.models import Alarm, Fiber, Segment, Stream
 from recovery.models import Incident as IncidentRow
-from recovery.recovery_state import (
-    conversation_set_recovering,
-    load_target,
-    orphan_persist,
-    unwrap_snapshot,
-)
 from recovery.runtime import db
 from recovery.stream import segment_append, stream_chunks, stream_open
 from tests.operator_support import terminate_new_backends
@@ -1169,7 +1166,6 @@ def probes(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     registered = {name: f"{__name__}.{cls.__name__}" for name, cls in PROBES.items()}
     settings.THINK = {**settings.THINK, "AGENTS": {**settings.THINK["AGENTS"], **registered}}
     monkeypatch.setattr(recovery.tasks, "fire_alarm", FireAlarmStub)
-    monkeypatch.setattr(recovery.engine, "fire_alarm", FireAlarmStub, raising=False)
     for recorded in (HOOK_CALLS, EXHAUSTED, FIRED):
         recorded.clear()
     yield

@@ -17,9 +17,9 @@ import pytest
 from django.utils import timezone
 
 from chat.models import Conversation
+from chat.turn_recovery import CONTINUE_CALLBACK, RETRY_CALLBACK
 from recovery import operations
 from recovery.detection import HANDLING_TTL, RECOVERY_OWNER
-from recovery.engine import CONTINUE_CALLBACK, RETRY_CALLBACK
 from recovery.fibers import fiber_claim, fiber_heartbeat
 from recovery.incidents import DEFAULT_TERMINAL_MESSAGE
 from recovery.models import Alarm, Fiber, Incident, Segment, Stream

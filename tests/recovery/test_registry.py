@@ -12,8 +12,7 @@ import pytest
 import recovery.tasks
 from chat import submissions
 from recovery import alarms
-from recovery.alarms import alarm_claim, alarm_schedule, register_callback, registered_callback
-from recovery.callbacks import fire_alarm
+from recovery.alarms import alarm_claim, alarm_schedule, fire_alarm, register_callback, registered_callback
 from recovery.models import Alarm
 from recovery.runtime import db
 from recovery.tasks import recovery_tick, register_tick_sweep
@@ -75,7 +74,7 @@ async def test_an_alarm_whose_name_nobody_registered_is_dropped_with_an_error(
         return alarm.pk
 
     alarm_id = await db(due_alarm)
-    with caplog.at_level(logging.ERROR, logger="recovery.callbacks"):
+    with caplog.at_level(logging.ERROR, logger="recovery.alarms"):
         await fire_alarm(alarm_id)
     assert "unknown callback 'nobody_knows'" in caplog.text
     assert not await db(Alarm.objects.filter(pk=alarm_id).exists), "done: the row is gone"
@@ -97,20 +96,23 @@ def test_the_tick_runs_every_registered_sweep_and_a_failing_one_stops_nothing(
     assert "broken sweep failed" in caplog.text
 
 
-def test_the_chat_app_registers_how_pending_turns_are_sent_again() -> None:
-    from chat.services import turn_enqueue_pending
+def test_the_chat_app_registers_its_recovery_target_and_alarms() -> None:
+    from chat import recovery_alarms
     from chat.tasks import run_turn
-    from recovery.dispatch import dispatcher
+    from chat.turn_recovery import CONTINUE_CALLBACK, RETRY_CALLBACK, ChatTarget
+    from recovery.targets import recovery_target
 
-    assert dispatcher().task_name == run_turn.name == "think.run_turn"
-    assert dispatcher().enqueue_next is turn_enqueue_pending
+    assert isinstance(recovery_target(), ChatTarget)
+    assert recovery_target().task_name == run_turn.name == "think.run_turn"
+    assert registered_callback(CONTINUE_CALLBACK) is recovery_alarms.continue_alarm
+    assert registered_callback(RETRY_CALLBACK) is recovery_alarms.retry_alarm
 
 
-def test_without_a_registered_dispatcher_detection_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_registered_target_the_engine_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    import recovery.dispatch
+    import recovery.targets
 
-    monkeypatch.setattr(recovery.dispatch, "_dispatcher", None)
-    with pytest.raises(ImproperlyConfigured, match="no app registered a recovery dispatcher"):
-        recovery.dispatch.dispatcher()
+    monkeypatch.setattr(recovery.targets, "_target", None)
+    with pytest.raises(ImproperlyConfigured, match="no app registered a recovery target"):
+        recovery.targets.recovery_target()

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chat.selectors import conversation_get
 from recovery import operations
 from recovery.management.options import agent_and_name, fiber_id, non_negative_float, positive_int
+from recovery.targets import recovery_target
 
 
 class Command(BaseCommand):
@@ -54,10 +54,10 @@ class Command(BaseCommand):
             return [operations.fiber_force_recover(fiber_id=options["fiber"], dry_run=dry_run)]
         if options["conversation"]:
             agent, name = options["conversation"]
-            conversation = conversation_get(agent=agent, name=name)
-            if conversation is None:
+            owner_pk = recovery_target().owner_pk(agent=agent, name=name)
+            if owner_pk is None:
                 raise CommandError(f"no conversation {agent}/{name}")
-            return operations.conversation_force_recover(conversation_id=conversation.pk, dry_run=dry_run)
+            return operations.conversation_force_recover(conversation_id=owner_pk, dry_run=dry_run)
         return operations.fibers_force_recover_stale(
             older_than=options["older_than"] or 0, limit=options["limit"], dry_run=dry_run
         )

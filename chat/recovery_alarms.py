@@ -1,8 +1,8 @@
-"""The scheduled recovery callbacks, fired from alarms.
+"""The chat app's recovery alarms: continue and retry, fired by the recovery layer's alarm table.
 
-They wait for the conversation to be stable, park while a human is pending, reschedule once per
-attempt when it is not stable, and otherwise start the continuation or the retry as a new durable turn.
-The recovered turn settles the incident when it finishes (see `settle_recovered_turn`).
+Registered in chat.apps. They wait for the conversation to be stable, park while a human is pending,
+reschedule once per attempt when it is not stable, and otherwise start the continuation or the retry as
+a new durable turn. The recovered turn settles the incident when it finishes (`settle_recovered_turn`).
 """
 
 from __future__ import annotations
@@ -11,26 +11,13 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from django.utils import timezone
-
-from chat import broadcast
-from chat.agents import Think, agent_for
-from chat.models import Conversation
-from chat.protocol import recovering_frame
-from chat.services import turn_start_recovered
-
-from . import diagnostics
-from .alarms import alarm_done, alarm_retry_later, alarm_schedule, register_callback, registered_callback
-from .engine import (
-    CONTINUE_CALLBACK,
-    RETRY_CALLBACK,
-    Recovery,
-    _event_payload,
-    give_up,
-    now_ms,
-)
-from .incident_store import incident_get, incident_save, incident_set_status
-from .incidents import (
+from recovery import diagnostics, runtime
+from recovery import engine as recovery_engine
+from recovery.alarms import alarm_schedule
+from recovery.exceptions import OperationRefused
+from recovery.fibers import fiber_request_cancel
+from recovery.incident_store import incident_get, incident_save, incident_set_status
+from recovery.incidents import (
     SCHEDULE_STABLE_TIMEOUT,
     STABLE_RETRY_DELAY_S,
     ChatRecovery,
@@ -39,49 +26,22 @@ from .incidents import (
     resolve_chat_recovery,
     schedule_is_idempotent,
 )
-from .models import Alarm, Fiber, Stream
-from .recovery_state import RecoveryTarget, conversation_set_recovering
-from .runtime import db
+from recovery.models import Alarm, Fiber
+from recovery.models import Incident as IncidentRow
+from recovery.runtime import db
+from recovery.targets import recovery_target
+
+from .agents import Think, agent_for
+from .exceptions import UnknownAgent
+from .models import Conversation
+from .services import turn_start_recovered
+from .turn_recovery import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
 
 logger = logging.getLogger(__name__)
 
-
-def _load_alarm(alarm_id: int) -> tuple[Alarm, Conversation] | None:
-    alarm = (
-        Alarm.objects.filter(pk=alarm_id, status=Alarm.Status.RUNNING).select_related("conversation").first()
-    )
-    return None if alarm is None else (alarm, alarm.conversation)
-
-
-async def fire_alarm(alarm_id: int) -> None:
-    """Run one claimed alarm; infrastructure errors put it back, anything else is handled by its callback."""
-    loaded = await db(_load_alarm, alarm_id)
-    if loaded is None:
-        return
-    alarm, conversation = loaded
-    handler = registered_callback(alarm.callback)
-    if handler is None:
-        logger.error("alarm %s has unknown callback %r; dropped", alarm_id, alarm.callback)
-        await db(alarm_done, alarm_id=alarm_id)
-        return
-    diagnostics.emit(
-        "schedule:execute",
-        {"callback": alarm.callback, "id": alarm_id},
-        agent=conversation.agent,
-        name=conversation.name,
-    )
-    try:
-        await handler(conversation, dict(alarm.payload))
-    except (OSError, ConnectionError) as exc:  # transient: keep the alarm and try again shortly
-        diagnostics.emit(
-            "schedule:retry",
-            {"callback": alarm.callback, "id": alarm_id, "error": str(exc)},
-            agent=conversation.agent,
-            name=conversation.name,
-        )
-        await db(alarm_retry_later, alarm_id=alarm_id, delay_s=1)
-        return
-    await db(alarm_done, alarm_id=alarm_id)
+# How long an operator's give-up may take (it runs the agent's on_exhausted hook) before the caller
+# stops waiting.
+GIVE_UP_TIMEOUT_S = 60.0
 
 
 class _Callback:
@@ -110,10 +70,10 @@ class _Callback:
             reason=reason,
         )
         if record is not None:
-            payload = _event_payload(record) | ({"reason": reason} if reason else {})
+            payload = recovery_engine.event_payload(record) | ({"reason": reason} if reason else {})
             self.emit(f"chat:recovery:{status}", payload)
         if status in ("completed", "skipped", "failed"):
-            await _clear_recovering(self.conversation.pk)
+            await recovery_target().set_recovering(self.conversation.pk, None)
 
     async def run(self) -> None:
         try:
@@ -131,7 +91,9 @@ class _Callback:
             await self.set_status("skipped", "awaiting_client_interaction")
             return
         incident = await self.incident()
-        rescheduled = reschedule_after_stable_timeout(incident, config=self.config, now_ms=now_ms())
+        rescheduled = reschedule_after_stable_timeout(
+            incident, config=self.config, now_ms=recovery_engine.now_ms()
+        )
         if rescheduled is None:
             await self.give_up("stable_timeout")
             return
@@ -181,6 +143,7 @@ class _Callback:
         if stored is not None and stored.status == "exhausted":
             return
         root = str(self.data.get("originalRequestId") or (stored.recovery_root_request_id if stored else ""))
+        now = recovery_engine.now_ms()
         incident = stored or Incident(
             incident_id=self.incident_id or f"{root}:",
             request_id=root,
@@ -189,62 +152,20 @@ class _Callback:
             attempt=self.config.max_attempts,
             max_attempts=self.config.max_attempts,
             status="exhausted",
-            first_seen_at=now_ms(),
-            last_attempt_at=now_ms(),
+            first_seen_at=now,
+            last_attempt_at=now,
         )
         incident = replace(incident, status="exhausted", reason=reason)
-        target = await db(_give_up_target, conversation_id=self.conversation.pk, incident=incident)
-        await give_up(Recovery(target, self.agent, self.config), incident)
+        work = await db(give_up_target, conversation_id=self.conversation.pk, incident=incident)
+        await recovery_engine.give_up(work.with_agent(self.agent), incident)
 
 
-def _give_up_target(*, conversation_id: int, incident: Incident) -> RecoveryTarget:
-    """A synthetic target for a give-up with no interrupted fiber at hand: the newest stream of the turn."""
-    from chat.folding import MessageAccumulator
-    from chat.selectors import messages_list, stream_partial
-
-    conversation = Conversation.objects.get(pk=conversation_id)
-    fiber = Fiber.objects.filter(conversation=conversation, request_id=incident.request_id).first() or Fiber(
-        conversation=conversation, request_id=incident.request_id, created_at=timezone.now()
-    )
-    stream = (
-        Stream.objects.filter(conversation=conversation, request_id=incident.request_id)
-        .order_by("-created_at")
-        .first()
-    )
-    open_stream = stream if stream is not None and stream.status == Stream.Status.STREAMING else None
-    partial, last_seq = (
-        stream_partial(open_stream)
-        if open_stream is not None
-        else (MessageAccumulator(stream.message_id if stream else ""), -1)
-    )
-    return RecoveryTarget(
-        fiber=fiber,
-        conversation=conversation,
-        snapshot=None,
-        recovery_data=None,
-        stream=open_stream,
-        partial=partial,
-        last_seq=last_seq,
-        messages=messages_list(conversation_id=conversation_id),
-    )
-
-
-async def _clear_recovering(conversation_id: int) -> None:
-    if await db(conversation_set_recovering, conversation_id=conversation_id, request_id=None):
-        await broadcast.publish(conversation_id, recovering_frame(False))
-        await broadcast.release_parked_if_idle(conversation_id)
-
-
-async def _continue(conversation: Conversation, data: dict[str, Any]) -> None:
+async def continue_alarm(conversation: Conversation, data: dict[str, Any]) -> None:
     await _Callback(conversation, data, CONTINUE_CALLBACK).run()
 
 
-async def _retry(conversation: Conversation, data: dict[str, Any]) -> None:
+async def retry_alarm(conversation: Conversation, data: dict[str, Any]) -> None:
     await _Callback(conversation, data, RETRY_CALLBACK).run()
-
-
-register_callback(CONTINUE_CALLBACK, _continue)
-register_callback(RETRY_CALLBACK, _retry)
 
 
 async def settle_recovered_turn(*, conversation: Conversation, incident_id: str, outcome: str) -> None:
@@ -260,4 +181,29 @@ async def settle_recovered_turn(*, conversation: Conversation, incident_id: str,
         await callback.set_status("failed", f"recovered turn {outcome}")
 
 
-__all__ = ["fire_alarm", "settle_recovered_turn"]
+def _recovery_stop(incident: IncidentRow) -> None:
+    """No recovery of a given-up incident may start later: its pending alarms go, its turns are cancelled."""
+    Alarm.objects.filter(
+        conversation_id=incident.conversation_id,
+        callback__in=[CONTINUE_CALLBACK, RETRY_CALLBACK],
+        status=Alarm.Status.PENDING,
+        payload__incidentId=incident.incident_id,
+    ).delete()
+    chain = Fiber.objects.filter(
+        conversation_id=incident.conversation_id, snapshot__chat__incidentId=incident.incident_id
+    ).active()
+    for request_id in chain.values_list("request_id", flat=True):
+        fiber_request_cancel(conversation_id=incident.conversation_id, request_id=request_id)
+
+
+def give_up_now(incident: IncidentRow, *, reason: str) -> None:
+    """An operator's give-up (sync): nothing of the incident resumes, then the callback path's give-up."""
+    callback = RETRY_CALLBACK if incident.recovery_kind == "retry" else CONTINUE_CALLBACK
+    data = {"incidentId": incident.incident_id, "originalRequestId": incident.recovery_root_request_id}
+    conversation = Conversation.objects.get(pk=incident.conversation_id)
+    try:
+        handler = _Callback(conversation, data, callback)
+    except UnknownAgent as exc:
+        raise OperationRefused(f"{conversation}: {exc}") from None
+    _recovery_stop(incident)
+    runtime.run(handler.give_up(reason), timeout=GIVE_UP_TIMEOUT_S)
