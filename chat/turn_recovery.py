@@ -14,11 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import transaction
+from django.utils import timezone
 
 from recovery import diagnostics
 from recovery import engine as recovery_engine
 from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
+from recovery.fibers import conversation_busy
 from recovery.incidents import RECOVERING_FLAG_TTL_MS, ChatRecovery, Incident, resolve_chat_recovery
 from recovery.models import Fiber, Stream
 from recovery.models import Incident as IncidentRow
@@ -200,8 +203,6 @@ def give_up_target(*, conversation_id: int, incident: Incident) -> InterruptedTu
     conversation = Conversation.objects.get(pk=conversation_id)
     fiber = Fiber.objects.filter(conversation=conversation, request_id=incident.request_id).first()
     if fiber is None:
-        from django.utils import timezone
-
         fiber = Fiber(conversation=conversation, request_id=incident.request_id, created_at=timezone.now())
     stream = (
         Stream.objects.filter(conversation=conversation, request_id=incident.request_id)
@@ -419,10 +420,6 @@ class ChatTarget(RecoveryTarget):
         give_up_now(incident, reason=reason)
 
     def clear_recovering(self, owner_id: int) -> bool:
-        from asgiref.sync import async_to_sync
-
-        from recovery.fibers import conversation_busy
-
         changed = conversation_set_recovering(conversation_id=owner_id, request_id=None)
         # A flag past its TTL already counts as absent, so the service leaves it; an operator wants it gone.
         expired = Conversation.objects.filter(pk=owner_id, recovering__isnull=False).update(recovering=None)

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from .alarms import alarm_claim, alarm_schedule
 from .context import ChatRecoveryOptions
 from .fibers import fiber_mark_recovered
 from .incident_store import incident_begin, incident_save, incident_set_status
@@ -155,8 +156,6 @@ async def schedule(
         "chat:recovery:scheduled",
         event_payload(incident) | ({"delayMs": int(delay_s * 1000)} if delay_s else {}),
     )
-    from .alarms import alarm_claim, alarm_schedule
-
     alarm = await db(
         alarm_schedule,
         conversation_id=work.owner_id,
