@@ -82,7 +82,7 @@ class Stack:
 
 def stored_text(name: str) -> tuple[str, bool]:
     """(assistant text stored, whether a fiber of the conversation is still active)."""
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
     from recovery.models import Fiber
     from tests.support import assistant_text
 

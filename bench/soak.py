@@ -82,7 +82,7 @@ async def follow(client: Any, seen: Seen, until: Any, deadline: float) -> None:
 def stored(name: str) -> tuple[str | None, bool, Any]:
     """(assistant text stored, whether a fiber is still active, the terminal record) of a conversation."""
     from chat.models import Conversation
-    from chat.selectors import messages_list
+    from chat.transcript.selectors import messages_list
     from recovery.models import Fiber
     from tests.support import assistant_text
 

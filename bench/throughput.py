@@ -73,7 +73,7 @@ async def stack_turn(port: int, chunks: int, name: str | None = None) -> tuple[f
 
 
 async def bare_litellm(model_url: str, chunks: int) -> tuple[float, int]:
-    from chat.llm import load_litellm
+    from chat.turn.llm import load_litellm
 
     litellm = load_litellm()
     response = await litellm.acompletion(

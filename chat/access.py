@@ -167,7 +167,7 @@ def access_policy() -> AccessPolicy:
 
 def conversation_open(*, agent: str, name: str, credentials: Credentials) -> Conversation:
     """The conversation the caller may use, created for them (they own it) if new; else AccessDenied."""
-    from .services import conversation_get_or_create
+    from .transcript.services import conversation_get_or_create
 
     policy = access_policy()
     principal = policy.principal(credentials)
@@ -182,7 +182,7 @@ def conversation_read(*, agent: str, name: str, credentials: Credentials) -> Con
 
     Unlike `conversation_open`, nothing is created (a GET never writes).
     """
-    from .selectors import conversation_get
+    from .transcript.selectors import conversation_get
 
     policy = access_policy()
     principal = policy.principal(credentials)

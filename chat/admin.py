@@ -18,9 +18,9 @@ from django.utils.safestring import SafeString
 from recovery import operations
 from recovery.admin import OperatorAdmin
 
-from .folding import is_tool_part, tool_name_of
 from .models import Conversation, Message, Submission
-from .selectors import messages_list
+from .transcript.folding import is_tool_part, tool_name_of
+from .transcript.selectors import messages_list
 
 PRE = '<pre style="white-space: pre-wrap; margin: 2px 0 6px">{}</pre>'
 

@@ -16,26 +16,26 @@ from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
 from recovery.incidents import ChatRecovery
 
 from .conf import default_model, think_setting
-from .errors import default_chat_error_classifier
 from .exceptions import UnknownAgent
-from .loop import StepResult
-from .overflow import (
+from .transcript.compaction import CompactionResult, Session, create_compact_function
+from .transcript.repair import default_repair, pending_interaction
+from .turn.errors import default_chat_error_classifier
+from .turn.loop import StepResult
+from .turn.overflow import (
     ChatErrorContext,
     ContextOverflow,
     Proactive,
     default_context_overflow_classifier,
     resolve_context_overflow,
 )
-from .repair import default_repair, pending_interaction
-from .session import CompactionResult, Session, create_compact_function
-from .tools import Tool, tool
+from .turn.tools import Tool, tool
 
 if TYPE_CHECKING:
+    from .handle import ChatResult, TurnResult
     from .models import Submission
-    from .programmatic import ChatResult, TurnResult
-    from .submissions import SubmitResult
+    from .transcript.submissions import SubmitResult
 
-# What a request does while another turn is busy (see chat.services.turn_accept).
+# What a request does while another turn is busy (see chat.transcript.services.turn_accept).
 MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
 
 ChunkCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
@@ -201,7 +201,7 @@ class Think:
 
     def messages(self) -> list[dict[str, Any]]:
         """The stored transcript, as UIMessages."""
-        from .selectors import messages_list
+        from .transcript.selectors import messages_list
 
         return messages_list(conversation_id=self._require_conversation())
 
@@ -252,7 +252,7 @@ class Think:
         Waits for a running turn to finish first. With `wait`, returns the outcome (`completed`, `error`,
         `aborted`), following any recovery of the turn; otherwise `accepted` at once.
         """
-        from .programmatic import turn_start_programmatic, turn_wait
+        from .handle import turn_start_programmatic, turn_wait
 
         conversation_id = self._require_conversation()
         started = turn_start_programmatic(conversation_id=conversation_id, messages=messages, timeout=timeout)
@@ -272,8 +272,8 @@ class Think:
         The model is asked to go on where the message stopped; its answer is a new assistant message.
         Skipped (request id "") unless the last message is an assistant message.
         """
-        from .programmatic import TurnResult, turn_wait
-        from .services import turn_start_recovered
+        from .handle import TurnResult, turn_wait
+        from .transcript.services import turn_start_recovered
 
         conversation_id = self._require_conversation()
         started = turn_start_recovered(
@@ -298,7 +298,7 @@ class Think:
         metadata: dict[str, Any] | None = None,
     ) -> SubmitResult:
         """Accept messages durably and run them as a turn when the conversation is free (idempotent)."""
-        from .submissions import submission_create
+        from .transcript.submissions import submission_create
 
         return submission_create(
             conversation_id=self._require_conversation(),
@@ -310,12 +310,12 @@ class Think:
 
     def cancel_submission(self, submission_id: str) -> bool:
         """Abort a pending or running submission; False when it had already ended."""
-        from .submissions import submission_cancel
+        from .transcript.submissions import submission_cancel
 
         return submission_cancel(conversation_id=self._require_conversation(), submission_id=submission_id)
 
     def get_submission(self, submission_id: str) -> Submission:
-        from .submissions import submission_get
+        from .transcript.submissions import submission_get
 
         return submission_get(conversation_id=self._require_conversation(), submission_id=submission_id)
 
@@ -326,7 +326,7 @@ class Think:
 
     def delete_submission(self, submission_id: str) -> bool:
         """Delete a finished submission (open ones are kept: False)."""
-        from .submissions import submission_delete
+        from .transcript.submissions import submission_delete
 
         return submission_delete(conversation_id=self._require_conversation(), submission_id=submission_id)
 
@@ -337,7 +337,7 @@ class Think:
 
         The turn is durable like any other: if this process dies, recovery finishes it on a worker.
         """
-        from .programmatic import chat_run
+        from .handle import chat_run
 
         return await chat_run(self, messages, on_chunk=on_chunk, timeout=timeout)
 
@@ -402,7 +402,7 @@ def open_agent(agent: str, name: str, *, owner: str | None = None) -> Think:
     conversation keeps its owner, and one created here has none (server code only).
     """
     from .exceptions import AccessDenied
-    from .services import conversation_claim, conversation_get_or_create
+    from .transcript.services import conversation_claim, conversation_get_or_create
 
     agent_class(agent)  # UnknownAgent before anything is written
     conversation = conversation_get_or_create(agent=agent, name=name, owner=owner or "")

@@ -13,7 +13,10 @@ class ChatConfig(AppConfig):
         from recovery.targets import register_target
         from recovery.tasks import register_tick_sweep
 
-        from . import broadcast, checks, recovery_alarms, submissions, turn_recovery  # noqa: F401
+        from . import checks  # noqa: F401
+        from .transcript import submissions
+        from .turn import continuation, interrupted
+        from .wire import broadcast
 
         # Every turn's frames of a flusher tick leave for the web processes together.
         register_fanout(broadcast.publish_frames_many)
@@ -22,6 +25,6 @@ class ChatConfig(AppConfig):
         register_tick_sweep("submissions", submissions.submissions_sweep)
         # Chat turns are the recovery layer's work: how an interrupted one is read, continued or retried,
         # and how clients hear of the outcome; the continue and retry alarms the engine schedules.
-        register_target(turn_recovery.ChatTarget())
-        register_callback(turn_recovery.CONTINUE_CALLBACK, recovery_alarms.continue_alarm)
-        register_callback(turn_recovery.RETRY_CALLBACK, recovery_alarms.retry_alarm)
+        register_target(interrupted.ChatTarget())
+        register_callback(interrupted.CONTINUE_CALLBACK, continuation.continue_alarm)
+        register_callback(interrupted.RETRY_CALLBACK, continuation.retry_alarm)

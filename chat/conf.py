@@ -22,7 +22,7 @@ DEFAULTS: dict[str, Any] = {
     # takes them: {"openai/my-model": {"litellm_provider": "openai", "mode": "chat"}}.
     "LITELLM_MODELS": {},
     # A connection following a live stream that hears nothing of it for this long reads the store:
-    # chunks the channel layer lost, and the end of a stream that ended (chat.silence).
+    # chunks the channel layer lost, and the end of a stream that ended (chat.wire.silence).
     "STREAM_SILENCE_MS": 2000,
     # Prefix of channel-layer group names, one group per conversation.
     "GROUP_PREFIX": "think",
@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "TOKEN_MAX_AGE_S": 3600,
     # Longest conversation name the consumer accepts.
     "MAX_NAME_LENGTH": 200,
-    # Limits on client input (chat.limits); anything beyond one is refused and nothing is stored.
+    # Limits on client input (chat.wire.limits); anything beyond one is refused and nothing is stored.
     "MAX_FRAME_BYTES": 1_000_000,  # one WebSocket frame (a chat request carries the whole transcript)
     "MAX_MESSAGE_BYTES": 256_000,  # the JSON of one new UIMessage in a chat request
     "MAX_MESSAGE_PARTS": 200,  # parts of one new UIMessage

@@ -2,7 +2,7 @@
 
 from django.urls import re_path
 
-from .consumers import ChatConsumer
+from .wire.consumers import ChatConsumer
 
 websocket_urlpatterns = [
     re_path(r"^agents/(?P<agent>[^/]+)/(?P<name>[^/]+)/?$", ChatConsumer.as_asgi()),  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 @shared_task(name="think.run_turn", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_turn(fiber_id: str) -> None:
     """Run one turn. Safe to deliver twice: the fiber lease makes every delivery but one a no-op."""
-    from .turns import turn_run
+    from .turn.runner import turn_run
 
     try:
         runtime.run(turn_run(fiber_id))
@@ -28,7 +28,7 @@ def run_turn(fiber_id: str) -> None:
 @worker_shutting_down.connect
 def hand_turns_to_recovery(**kwargs: object) -> None:
     """A deploy or a stop: persist each running turn's partial and release its lease at once."""
-    from .turns import shutdown_all
+    from .turn.runner import shutdown_all
 
     count = shutdown_all()
     if count:
@@ -41,7 +41,7 @@ def preload_litellm(**kwargs: object) -> None:
     """Pay litellm's import before the first turn, not during it; SIGUSR1 logs every running coroutine."""
     import signal
 
-    from .llm import load_litellm
+    from .turn.llm import load_litellm
 
     load_litellm()
     with contextlib.suppress(ValueError):  # only possible from the main thread

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 from .access import Credentials, access_policy, conversation_read
 from .agents import agent_class, agent_names, kebab
 from .exceptions import AccessDenied, UnknownAgent
-from .selectors import messages_list
+from .transcript.selectors import messages_list
 
 
 @require_GET

@@ -59,7 +59,7 @@ BACKLOG_BYTES = 4 * MAX_SEGMENT_BYTES
 
 Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
 # The live frame of one stored chunk: (its body, its seq) -> the text a client is sent (the owner's
-# wire format; the chat app's is chat.protocol.chunk_framer).
+# wire format; the chat app's is chat.wire.protocol.chunk_framer).
 Frame = Callable[[str, int], str]
 
 
@@ -257,7 +257,7 @@ class StreamWriter:
     ) -> None:
         """`frame` makes each stored chunk's live frame; `publish` sends a batch of frames; `fanout`
         (conversation id, request id) lets the flusher send every writer's frames of a tick together
-        instead (chat.broadcast)."""
+        instead (chat.wire.broadcast)."""
         self.stream_id = stream_id
         self.fiber_id = fiber_id
         self.fencing = fencing

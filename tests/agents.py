@@ -24,7 +24,7 @@ from chat.agents import (
     current_agent,
     tool,
 )
-from chat.session import Session
+from chat.transcript.compaction import Session
 from thinkproject.agents import Assistant
 
 

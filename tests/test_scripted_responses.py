@@ -24,7 +24,7 @@ from litellm.utils import supports_native_streaming  # noqa: E402
 from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
-from chat.llm import load_litellm  # noqa: E402
+from chat.turn.llm import load_litellm  # noqa: E402
 from thinkproject.scripted_model import ScriptedModelServer  # noqa: E402
 from thinkproject.scripted_responses import RESPONSES_KEY, input_messages  # noqa: E402
 
@@ -52,7 +52,7 @@ def native_streaming() -> None:
     """litellm 1.110.2 fakes the stream of a model it has no cost-map entry for (supports_native_streaming
     is False when the lookup fails): it POSTs without ``stream`` and wraps the reply, which for a
     background request is the *queued* response. The demo settings name the scripted model in
-    THINK["LITELLM_MODELS"], which chat.llm registers when it loads litellm: that makes the stream
+    THINK["LITELLM_MODELS"], which chat.turn.llm registers when it loads litellm: that makes the stream
     real; these tests use that registration."""
     load_litellm()
     assert supports_native_streaming(MODEL, "openai")

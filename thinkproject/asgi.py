@@ -12,7 +12,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
-from chat.security import AllowedHostsBrowserOriginValidator  # noqa: E402
+from chat.wire.security import AllowedHostsBrowserOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -119,7 +119,7 @@ CHANNEL_LAYERS = {
     "default": {
         # channels_redis's pub/sub layer, plus one round trip for every turn's frames of a flusher tick
         # (chat/layers.py); channels_redis.core.RedisChannelLayer works too, at a higher cost per frame.
-        "BACKEND": "chat.layers.RedisFanoutLayer",
+        "BACKEND": "chat.wire.layers.RedisFanoutLayer",
         "CONFIG": {
             # After a Redis restart, pooled connections are dead; retry a command once on a fresh one
             # rather than fail it (redis-py retries nothing by default on a pool it did not create).

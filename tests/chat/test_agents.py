@@ -122,7 +122,7 @@ def test_the_check_names_each_agent_without_a_model(settings: Any) -> None:
 
 
 def test_the_demo_site_names_its_scripted_model_for_litellm() -> None:
-    from chat.llm import load_litellm
+    from chat.turn.llm import load_litellm
 
     litellm = load_litellm()
     assert litellm.model_cost["openai/scripted"]["mode"] == "chat"  # not in litellm's own map

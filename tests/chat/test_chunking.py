@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from chat.chunking import UIChunker
-from chat.folding import MessageAccumulator
-from chat.llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
+from chat.transcript.folding import MessageAccumulator
+from chat.turn.chunking import UIChunker
+from chat.turn.llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
 
 
 def run(

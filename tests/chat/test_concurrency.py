@@ -8,9 +8,9 @@ import pytest
 
 from chat.agents import Think
 from chat.models import Conversation
-from chat.protocol import ChatRequest
-from chat.selectors import messages_list
-from chat.services import TurnOutcome, turn_accept, turn_finish
+from chat.transcript.selectors import messages_list
+from chat.transcript.services import TurnOutcome, turn_accept, turn_finish
+from chat.wire.protocol import ChatRequest
 from recovery.fibers import fiber_claim
 from recovery.models import Fiber, Stream
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chat.folding import (
+from chat.transcript.folding import (
     MessageAccumulator,
     fold_bodies,
     is_settled_tool_part,

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from chat.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
 from chat.models import Conversation, Message
-from chat.services import interactions_settle
+from chat.transcript.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
+from chat.transcript.services import interactions_settle
 from recovery.models import Fiber
 
 

@@ -14,12 +14,12 @@ from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 from django.test import override_settings
 
-from chat import protocol as p
 from chat.checks import check_think_settings
-from chat.limits import TokenBucket, frame_bucket, frame_limits
 from chat.models import Conversation, Message
-from chat.protocol import ChatRequest
-from chat.services import turn_accept
+from chat.transcript.services import turn_accept
+from chat.wire import protocol as p
+from chat.wire.limits import TokenBucket, frame_bucket, frame_limits
+from chat.wire.protocol import ChatRequest
 from recovery.fibers import fiber_create
 from recovery.models import Fiber
 from tests.chat.sockets import chat_response, connected, new_name, probe, seed_conversation, stored_state
@@ -237,7 +237,7 @@ async def test_frames_over_the_rate_are_refused_and_a_chat_request_hears_why() -
     name = new_name("rate")
     conversation_id = await seed_conversation(name, WAITING)
     with override_settings(THINK=think(MAX_FRAMES_PER_S=5.0, MAX_FRAME_BURST=3)):
-        with mock.patch("chat.services.turn_enqueue") as enqueue:
+        with mock.patch("chat.transcript.services.turn_enqueue") as enqueue:
             async with connected(name) as socket:
                 before = await stored_state(conversation_id)
                 for _ in range(3):
@@ -263,11 +263,11 @@ async def test_a_chat_request_over_the_frame_size_hears_why(caplog: pytest.LogCa
     conversation_id = await seed_conversation(name, WAITING)
     with (
         override_settings(THINK=think(MAX_FRAME_BYTES=5_000)),
-        mock.patch("chat.services.turn_enqueue") as enqueue,
+        mock.patch("chat.transcript.services.turn_enqueue") as enqueue,
     ):
         async with connected(name) as socket:
             before = await stored_state(conversation_id)
-            with caplog.at_level(logging.WARNING, logger="chat.consumers"):
+            with caplog.at_level(logging.WARNING, logger="chat.wire.consumers"):
                 await socket.send_to(text_data=chat_request_text("r-big", WAITING, padding=5_000))
                 error = await chat_response(socket, "r-big")
             assert error == {
@@ -292,7 +292,7 @@ async def test_a_chat_request_beyond_the_queue_hears_why() -> None:
         )
     with (
         override_settings(THINK=think(MAX_QUEUED_TURNS=2)),
-        mock.patch("chat.services.turn_enqueue") as enqueue,
+        mock.patch("chat.transcript.services.turn_enqueue") as enqueue,
     ):
         async with connected(name) as socket:
             before = await stored_state(conversation_id)
@@ -315,7 +315,7 @@ async def test_a_tool_output_over_the_limit_is_logged_and_not_stored(
     conversation_id = await seed_conversation(name, WAITING)
     with (
         override_settings(THINK=think(MAX_TOOL_OUTPUT_BYTES=100)),
-        mock.patch("chat.services.turn_enqueue") as enqueue,
+        mock.patch("chat.transcript.services.turn_enqueue") as enqueue,
     ):
         async with connected(name) as socket:
             before = await stored_state(conversation_id)
@@ -325,7 +325,7 @@ async def test_a_tool_output_over_the_limit_is_logged_and_not_stored(
                 "toolName": "get_location",
                 "output": "x" * 100,
             }
-            with caplog.at_level(logging.WARNING, logger="chat.consumers"):
+            with caplog.at_level(logging.WARNING, logger="chat.wire.consumers"):
                 await socket.send_to(text_data=json.dumps(result))
                 answer, frames = await probe(socket)
             assert answer["reason"] == "idle"

@@ -1,4 +1,4 @@
-"""The lean read of OpenAI-compatible streams (chat.openai_compat) against litellm's own read.
+"""The lean read of OpenAI-compatible streams (chat.turn.openai_compat) against litellm's own read.
 
 Both paths stream the same scripted-model responses; the events they produce, the errors they raise
 and how those errors are classified must be the same.
@@ -18,8 +18,8 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from chat import llm, openai_compat  # noqa: E402
-from chat.errors import default_chat_error_classifier, retry_after_s  # noqa: E402
+from chat.turn import llm, openai_compat  # noqa: E402
+from chat.turn.errors import default_chat_error_classifier, retry_after_s  # noqa: E402
 from thinkproject.scripted_model import RATE_LIMIT_RETRY_AFTER_S, ScriptedModelServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

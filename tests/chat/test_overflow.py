@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from chat.agents import ContextOverflow, Proactive, Think
-from chat.overflow import ChatErrorContext, classify, default_context_overflow_classifier
+from chat.turn.overflow import ChatErrorContext, classify, default_context_overflow_classifier
 
 OVERFLOWS = [
     "prompt is too long: 213450 tokens > 200000 maximum",  # Anthropic

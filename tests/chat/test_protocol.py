@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from chat import protocol as p
-from chat.protocol import (
+from chat.wire import protocol as p
+from chat.wire.protocol import (
     Cancel,
     ChatRequest,
     Clear,

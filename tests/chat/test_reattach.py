@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from chat.llm import (
+from chat.turn.llm import (
     Marked,
     ResponseCursor,
     ResponseFailed,
@@ -23,7 +23,7 @@ from chat.llm import (
     response_input,
     response_tools,
 )
-from chat.loop import ModelLoop
+from chat.turn.loop import ModelLoop
 
 RID = "resp_1"
 
@@ -223,7 +223,7 @@ async def test_the_cursor_goes_with_the_last_chunk_of_its_event() -> None:
 async def test_only_reattach_calls_go_to_the_responses_api(scripted_model: Any) -> None:
     """Registering the scripted model with litellm (so its Responses streams are real) must not send
     ordinary chat completions through litellm's Responses bridge."""
-    from chat import llm
+    from chat.turn import llm
     from thinkproject.scripted import litellm_kwargs as scripted_kwargs
 
     model = {**scripted_kwargs(), "api_base": scripted_model.url}
@@ -251,7 +251,7 @@ async def test_only_reattach_calls_go_to_the_responses_api(scripted_model: Any) 
     ],
 )
 def test_a_failed_generation_is_classified_by_its_code(code: str | None, kind: str | None) -> None:
-    from chat.errors import default_chat_error_classifier
+    from chat.turn.errors import default_chat_error_classifier
 
     event = {
         "type": "response.failed",
@@ -267,8 +267,8 @@ def test_a_failed_generation_is_classified_by_its_code(code: str | None, kind: s
 async def test_a_resume_the_provider_cannot_serve_says_why(scripted_model: Any) -> None:
     """Unknown to the provider: not_found; the provider unreachable or refusing: unavailable. Either
     way the loop falls back to an ordinary continuation, never ends the turn."""
-    from chat import llm
     from chat.exceptions import ReattachUnavailable
+    from chat.turn import llm
     from tests.support import free_port
     from thinkproject.scripted import litellm_kwargs as scripted_kwargs
 

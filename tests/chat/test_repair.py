@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chat.repair import (
+from chat.transcript.repair import (
     INTERRUPTED_TOOL_ERROR,
     batch_complete,
     default_repair,

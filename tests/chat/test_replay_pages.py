@@ -1,4 +1,4 @@
-"""A long stream is replayed a page of stored chunks at a time (chat.resume.REPLAY_PAGE_CHUNKS): every
+"""A long stream is replayed a page of stored chunks at a time (chat.wire.resume.REPLAY_PAGE_CHUNKS): every
 chunk stored when the ACK was answered, once and in order, then the live tail, with nothing twice."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import broadcast
-from chat import protocol as p
 from chat.models import Conversation
-from chat.resume import REPLAY_PAGE_CHUNKS, ack_replay
+from chat.wire import broadcast
+from chat.wire import protocol as p
+from chat.wire.resume import REPLAY_PAGE_CHUNKS, ack_replay
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.sockets import connected, new_name, receive_until
 

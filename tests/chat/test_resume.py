@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-import chat.resume
+import chat.wire.resume
 from chat.models import Conversation, Message
-from chat.resume import ack_replay, probe_answer
+from chat.wire.resume import ack_replay, probe_answer
 from recovery.incidents import RECOVERING_FLAG_TTL_MS
 from recovery.models import Fiber, Segment, Stream
 
@@ -77,7 +77,7 @@ def continuation_stream(conversation: Conversation, owner: str) -> None:
 def test_a_continuation_is_owned_by_the_connection_that_answered_the_tool(conversation: Conversation) -> None:
     from asgiref.sync import async_to_sync
 
-    from chat.presence import connection_join, connection_leave
+    from chat.wire.presence import connection_join, connection_leave
 
     continuation_stream(conversation, owner="specific.owner!1")
     async_to_sync(connection_join)("specific.owner!1")
@@ -121,13 +121,13 @@ def test_an_ack_seeing_the_stream_run_and_then_the_message_finished_is_answered_
     """The turn ends between the ACK's read of the stream and of the message. The message read then
     already holds the continuation's chunks: replayed as well, they would show twice."""
     call, stream = approval_continuation(conversation)
-    read = chat.resume._extended_message
+    read = chat.wire.resume._extended_message
 
     def finish_then_read(s: Stream) -> dict[str, Any] | None:
         finish(call, stream)
         return read(s)
 
-    monkeypatch.setattr(chat.resume, "_extended_message", finish_then_read)
+    monkeypatch.setattr(chat.wire.resume, "_extended_message", finish_then_read)
     replay = ack_replay(conversation_id=conversation.pk, request_id="c1")
     bodies = [json.loads(f)["body"] for f in replay.read_all()]
     assert bodies == [""], "a finished continuation's chunks are in the message: only its end is sent"
@@ -141,14 +141,14 @@ def test_an_ack_racing_the_end_while_reading_chunks_replays_them_as_the_continua
     """The turn ends while the chunks are read, after the message was: that message does not hold
     them, so they are replayed, as the continuation the client appends to the approved call."""
     call, stream = approval_continuation(conversation)
-    read = chat.resume.stream_chunks
+    read = chat.wire.resume.stream_chunks
 
     def read_then_finish(stream_id: object, **kwargs: Any) -> list[tuple[int, str]]:
         found = read(stream_id, **kwargs)
         finish(call, stream)
         return found
 
-    monkeypatch.setattr(chat.resume, "stream_chunks", read_then_finish)
+    monkeypatch.setattr(chat.wire.resume, "stream_chunks", read_then_finish)
     replay = ack_replay(conversation_id=conversation.pk, request_id="c1")
     frames = [json.loads(f) for f in replay.read_all()]
     assert [json.loads(f["body"]) for f in frames[:2]] == [

@@ -9,9 +9,9 @@ import pytest
 
 from chat.agents import CompactionResult, Think, create_compact_function
 from chat.models import Compaction, Conversation, Message
-from chat.selectors import messages_list
-from chat.services import conversation_clear
-from chat.session import compaction_store, estimate_tokens, render_transcript
+from chat.transcript.compaction import compaction_store, estimate_tokens, render_transcript
+from chat.transcript.selectors import messages_list
+from chat.transcript.services import conversation_clear
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,8 +74,8 @@ def test_an_unknown_or_reversed_range_stores_nothing() -> None:
 
 
 def test_clear_removes_overlays_and_clients_echoing_a_summary_do_not_store_it() -> None:
-    from chat.protocol import ChatRequest
-    from chat.services import turn_accept
+    from chat.transcript.services import turn_accept
+    from chat.wire.protocol import ChatRequest
 
     conversation = conversation_with(4)
     overlay = compaction_store(conversation_id=conversation.pk, result=CompactionResult("m1", "m2", "sum"))

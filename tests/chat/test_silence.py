@@ -1,4 +1,4 @@
-"""A connection following a live stream that falls silent fills it from Postgres (chat.silence).
+"""A connection following a live stream that falls silent fills it from Postgres (chat.wire.silence).
 
 The "worker" here stores chunks and publishes frames by hand, and leaves frames out on purpose: the
 tail of a stream, and its end. The consumer runs in-process on the real channel layer and database.
@@ -14,9 +14,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 
-from chat import broadcast
-from chat import protocol as p
 from chat.models import Conversation, Message
+from chat.wire import broadcast
+from chat.wire import protocol as p
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.sockets import Frame, connected, new_name, receive_until
 

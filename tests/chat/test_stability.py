@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from chat.agents import Think
-from chat.interactions import interaction_apply
+from chat.handle import chain_outcome
 from chat.models import Conversation, Message
-from chat.programmatic import chain_outcome
+from chat.transcript.interactions import interaction_apply
 from recovery.models import Alarm, Fiber, Incident
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,10 +85,10 @@ def test_stable_once_the_result_is_applied() -> None:
 
 
 def test_not_stable_while_an_auto_continuation_is_armed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import chat.services
+    import chat.transcript.services
 
     # No worker may run the continuation (a session stack could): it must stay queued.
-    monkeypatch.setattr(chat.services, "turn_enqueue", lambda **kwargs: None)
+    monkeypatch.setattr(chat.transcript.services, "turn_enqueue", lambda **kwargs: None)
     agent = make([tool("get_location", "input-available")], client_tools=CLIENT_TOOLS)
     update = {
         "kind": "result",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chat.transcript import to_model_messages
+from chat.transcript.model_messages import to_model_messages
 
 
 def user(text: str, message_id: str = "u") -> dict[str, Any]:

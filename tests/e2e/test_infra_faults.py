@@ -223,7 +223,7 @@ async def follow_after_fault(client: ChatClient, log: ConversationLog, expected:
 
 def turn_state(name: str) -> tuple[list[dict[str, Any]], bool, dict[str, Any] | None]:
     """(stored transcript, whether a fiber is still active, the terminal record) of a conversation."""
-    from chat.selectors import messages_list
+    from chat.transcript.selectors import messages_list
 
     conversation = Conversation.objects.get(agent="assistant", name=name)
     active = Fiber.objects.filter(conversation=conversation).active().exists()

@@ -333,7 +333,7 @@ def test_a_probe_racing_the_stream_open_is_not_answered_idle(monkeypatch: pytest
 
     from django.db import connection
 
-    import chat.resume as resume
+    import chat.wire.resume as resume
     from chat.models import Conversation
     from recovery.models import Stream
 

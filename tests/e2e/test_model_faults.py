@@ -51,7 +51,7 @@ async def run_turn(stack: Any, agent: str, name: str, text: str) -> tuple[str, C
 
 
 def stored(agent: str, name: str) -> list[dict[str, Any]]:
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
 
     conversation = conversation_get(agent=agent, name=name)
     assert conversation is not None

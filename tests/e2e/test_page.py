@@ -169,7 +169,7 @@ def test_the_browser_answers_its_automatic_client_tool(stack: Any, browser: Any)
 
 
 def test_clear_empties_the_page_and_the_server(stack: Any, browser: Any) -> None:
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
 
     name = f"page-{uuid.uuid4().hex[:8]}"
     page = open_page(browser, stack.port, name)

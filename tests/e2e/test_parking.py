@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.services import conversation_get_or_create
+from chat.transcript.services import conversation_get_or_create
 from recovery.models import Fiber
 from tests.support import TEST_PRINCIPAL, ChatClient
 

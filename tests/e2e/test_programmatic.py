@@ -74,7 +74,7 @@ async def test_save_messages_without_waiting_and_bad_input(stack: Any) -> None:
     assert started.status == "accepted"
     with pytest.raises(ConversationBusy):
         await sync_to_async(agent.save_messages)(["count to 3"], timeout=0)
-    from chat.programmatic import turn_wait
+    from chat.handle import turn_wait
 
     done = await sync_to_async(turn_wait)(
         conversation_id=agent.conversation_id, request_id=started.request_id, timeout=30

@@ -52,7 +52,7 @@ def new_name(tag: str) -> str:
 
 
 def stored(name: str) -> list[dict[str, Any]]:
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
 
     conversation = conversation_get(agent=AGENT, name=name)
     return [] if conversation is None else messages_list(conversation_id=conversation.pk)

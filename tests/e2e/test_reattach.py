@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.selectors import conversation_get, messages_list
+from chat.transcript.selectors import conversation_get, messages_list
 from recovery.models import Fiber
 from tests.agents import tool_runs
 from tests.support import (

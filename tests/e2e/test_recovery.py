@@ -51,7 +51,7 @@ def chunks_of(request_id: str, at_least: int) -> Any:
 
 
 def stored_transcript(name: str) -> list[dict[str, Any]]:
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
 
     conversation = conversation_get(agent="assistant", name=name) or conversation_get(
         agent="recovery-probe", name=name
@@ -161,7 +161,7 @@ def make_interrupted_turn(
     from django.utils import timezone
 
     from chat.models import Conversation, Message
-    from chat.services import turn_snapshot
+    from chat.transcript.services import turn_snapshot
 
     conversation, _ = Conversation.objects.get_or_create(agent=agent, name=name)
     user_id = f"u-{uuid.uuid4().hex[:8]}"
@@ -386,7 +386,7 @@ async def test_a_model_that_always_stalls_ends_with_the_terminal_message(recover
 
 
 def stored_transcript_of(agent: str, name: str) -> list[dict[str, Any]]:
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
 
     conversation = conversation_get(agent=agent, name=name)
     assert conversation is not None

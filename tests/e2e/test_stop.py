@@ -41,7 +41,7 @@ def stored_seq(request_id: str) -> int:
 
 
 def stored_answer(name: str) -> str:
-    from chat.selectors import messages_list
+    from chat.transcript.selectors import messages_list
 
     conversation = Conversation.objects.get(agent="assistant", name=name)
     return "".join(

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from chat.agents import Think, open_agent
 from chat.models import Submission
-from chat.submissions import (
+from chat.transcript.submissions import (
     INTERRUPTED_TEXT,
     SKIPPED_TEXT,
     SubmissionConflict,

@@ -42,7 +42,7 @@ def tag() -> str:
 
 
 def transcript(name: str) -> list[dict[str, Any]]:
-    from chat.selectors import conversation_get, messages_list
+    from chat.transcript.selectors import conversation_get, messages_list
 
     conversation = conversation_get(agent=AGENT, name=name)
     assert conversation is not None

@@ -52,7 +52,7 @@ def types(log: StreamLog) -> list[str]:
 
 
 async def transcript(name: str) -> list[dict[str, Any]]:
-    from chat.selectors import messages_list
+    from chat.transcript.selectors import messages_list
 
     conversation = await Conversation.objects.aget(agent=AGENT, name=name)
     return await sync_to_async(messages_list)(conversation_id=conversation.pk)
@@ -247,7 +247,7 @@ async def test_approval_without_auto_continue_waits(stack: Any) -> None:
 def store_orphans(name: str) -> None:
     """A transcript an interruption left behind: two tool calls without results."""
     from chat.models import Message
-    from chat.services import conversation_get_or_create
+    from chat.transcript.services import conversation_get_or_create
 
     conversation = conversation_get_or_create(agent=AGENT, name=name, owner=TEST_PRINCIPAL)
     parts = [

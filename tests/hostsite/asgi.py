@@ -13,7 +13,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import path  # noqa: E402
 
 from chat.routing import websocket_urlpatterns as chat_websocket_urlpatterns  # noqa: E402
-from chat.security import AllowedHostsBrowserOriginValidator  # noqa: E402
+from chat.wire.security import AllowedHostsBrowserOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -31,10 +31,9 @@ from django.utils import timezone
 import recovery.tasks
 from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, Think
 from chat.models import Conversation, Message
-from chat.protocol import encode_chunk
-from chat.selectors import messages_list
-from chat.services import message_upsert, turn_snapshot
-from chat.turn_recovery import (
+from chat.transcript.selectors import messages_list
+from chat.transcript.services import message_upsert, turn_snapshot
+from chat.turn.interrupted import (
     CONTINUE_CALLBACK,
     DECLINED_MESSAGE,
     RETRY_CALLBACK,
@@ -43,6 +42,7 @@ from chat.turn_recovery import (
     orphan_persist,
     unwrap_snapshot,
 )
+from chat.wire.protocol import encode_chunk
 from recovery.alarms import (
     ALARM_CLAIM_TTL,
     alarm_done,
@@ -1599,7 +1599,7 @@ async def test_a_silent_death_does_not_count_as_out_of_memory(probes: None) -> N
 
 
 # --------------------------------------------------------------------------------------------------------
-# 7. A transient model error (chat.errors): recovered after a wait, by the tick
+# 7. A transient model error (chat.turn.errors): recovered after a wait, by the tick
 # --------------------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 
-from chat.protocol import chunk_framer
+from chat.wire.protocol import chunk_framer
 from recovery import diagnostics, metrics
 from recovery.detection import tick_claim
 from recovery.models import Fiber

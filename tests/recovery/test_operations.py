@@ -17,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from chat.models import Conversation
-from chat.turn_recovery import CONTINUE_CALLBACK, RETRY_CALLBACK
+from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK
 from recovery import operations
 from recovery.detection import HANDLING_TTL, RECOVERY_OWNER
 from recovery.fibers import fiber_claim, fiber_heartbeat

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from chat.protocol import chunk_framer
+from chat.wire.protocol import chunk_framer
 from recovery.fibers import fiber_stash
 from recovery.runtime import db
 from recovery.stream import StreamWriter

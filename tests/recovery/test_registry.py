@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import recovery.tasks
-from chat import submissions
+from chat.transcript import submissions
 from recovery import alarms
 from recovery.alarms import alarm_claim, alarm_schedule, fire_alarm, register_callback, registered_callback
 from recovery.models import Alarm
@@ -97,9 +97,9 @@ def test_the_tick_runs_every_registered_sweep_and_a_failing_one_stops_nothing(
 
 
 def test_the_chat_app_registers_its_recovery_target_and_alarms() -> None:
-    from chat import recovery_alarms
     from chat.tasks import run_turn
-    from chat.turn_recovery import CONTINUE_CALLBACK, RETRY_CALLBACK, ChatTarget
+    from chat.turn import continuation as recovery_alarms
+    from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, ChatTarget
     from recovery.targets import recovery_target
 
     assert isinstance(recovery_target(), ChatTarget)

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from chat.models import Conversation, Message
-from chat.resume import ack_replay
+from chat.wire.resume import ack_replay
 from recovery.models import Fiber, Segment, Stream
 from recovery.retention import streams_sweep
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .exceptions import LimitExceeded, ProtocolError
+from ..exceptions import LimitExceeded, ProtocolError
 
 USE_CHAT_REQUEST = "cf_agent_use_chat_request"
 USE_CHAT_RESPONSE = "cf_agent_use_chat_response"
@@ -35,7 +35,7 @@ MAX_JSON_DEPTH = 100
 
 @dataclass(frozen=True)
 class Limits:
-    """Size limits of client frames (the THINK settings of the same names; see chat.limits)."""
+    """Size limits of client frames (the THINK settings of the same names; see chat.wire.limits)."""
 
     max_frame_bytes: int = 1_000_000
     max_message_bytes: int = 256_000  # the JSON of one UIMessage

@@ -3,11 +3,11 @@
 `RedisPubSubChannelLayer` delivers a group message with one `PUBLISH` (no per-consumer queues in
 Redis, no polling: each web process holds one subscription connection and hands messages to its
 consumers); `group_send_many` sends many groups' messages in one pipelined round trip, which is what
-the worker's flusher does with every turn's frames of a tick (`chat.broadcast.publish_frames_many`).
+the worker's flusher does with every turn's frames of a tick (`chat.wire.broadcast.publish_frames_many`).
 
 A message published while a web process is not subscribed (a Redis restart, a reconnect) is lost, as
 with any pub/sub; every frame carries its `seq`, and a consumer fills a gap, or a silence, from
-Postgres (`chat.consumers`), so nothing a client must see depends on the layer delivering it.
+Postgres (`chat.wire.consumers`), so nothing a client must see depends on the layer delivering it.
 """
 
 from __future__ import annotations

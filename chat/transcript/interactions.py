@@ -16,8 +16,8 @@ from django.db import transaction
 
 from recovery.models import Fiber
 
-from .models import Conversation, Message
-from .protocol import ToolApproval, ToolResult
+from ..models import Conversation, Message
+from ..wire.protocol import ToolApproval, ToolResult
 from .repair import batch_complete, is_settled
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import Protocol
 
-from .conf import think_setting
+from ..conf import think_setting
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from recovery.models import Alarm, Fiber, Incident
 
 from .exceptions import ConversationBusy, ProtocolError
 from .models import Conversation
-from .protocol import validate_ui_message
+from .wire.protocol import validate_ui_message
 
 FIBER_OUTCOMES: dict[str, str] = {
     Fiber.Status.COMPLETED: "completed",
@@ -94,8 +94,8 @@ def turn_start_programmatic(
     """
     from recovery.fibers import fiber_create
 
-    from .selectors import messages_list
-    from .services import message_upsert, turn_enqueue, turn_snapshot
+    from .transcript.selectors import messages_list
+    from .transcript.services import message_upsert, turn_enqueue, turn_snapshot
 
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -190,8 +190,8 @@ async def chat_run(
     """Run a programmatic turn on this event loop; recovery takes over if this process dies."""
     from recovery.runtime import db
 
-    from .selectors import messages_list
-    from .turns import turn_run
+    from .transcript.selectors import messages_list
+    from .turn.runner import turn_run
 
     conversation_id = agent._require_conversation()
     started = await db(

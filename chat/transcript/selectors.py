@@ -10,8 +10,8 @@ from django.db import connection
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks
 
+from ..models import Compaction, Conversation, Message
 from .folding import MessageAccumulator, fold_bodies
-from .models import Compaction, Conversation, Message
 
 
 def conversation_get(*, agent: str, name: str) -> Conversation | None:

@@ -4,7 +4,7 @@ chat.apps.
 The recovery layer's engine detects an interrupted fiber and spends its budget; this module reads what
 the dead turn left (its snapshot, its stored stream, the transcript), asks the agent's
 `on_chat_recovery`, stores the partial, chooses a continuation or a retry (run by the alarms of
-chat.recovery_alarms) and tells the clients how it ended.
+chat.turn.continuation) and tells the clients how it ended.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from recovery.runtime import db
 from recovery.stream import stream_close
 from recovery.targets import RecoveryTarget
 
-from . import broadcast
-from .agents import Think, agent_for
-from .folding import MessageAccumulator
-from .interactions import foreign_updates_apply
-from .models import Conversation
-from .protocol import chat_messages_frame, recovering_frame, response_frame
-from .selectors import conversation_get, messages_list, stream_partial
-from .services import interactions_settle, message_place, turn_enqueue_pending
-from .tasks import run_turn
+from ..agents import Think, agent_for
+from ..models import Conversation
+from ..tasks import run_turn
+from ..transcript.folding import MessageAccumulator
+from ..transcript.interactions import foreign_updates_apply
+from ..transcript.selectors import conversation_get, messages_list, stream_partial
+from ..transcript.services import interactions_settle, message_place, turn_enqueue_pending
+from ..wire import broadcast
+from ..wire.protocol import chat_messages_frame, recovering_frame, response_frame
 
 CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"
@@ -316,7 +316,7 @@ async def close_orphan_stream(work: InterruptedTurn, *, outcome: str, error: str
         outcome=outcome,
     )
     await broadcast.publish_stream_end(work.conversation.pk, work.request_id, seq, frame)
-    # After the end frame, as a turn's own finish does (chat.turns): clients take it as the truth.
+    # After the end frame, as a turn's own finish does (chat.turn.runner): clients take it as the truth.
     await broadcast.publish(work.conversation.pk, chat_messages_frame(work.messages))
 
 
@@ -415,7 +415,7 @@ class ChatTarget(RecoveryTarget):
                 await broadcast.release_parked_if_idle(owner_id)
 
     def give_up(self, incident: IncidentRow, *, reason: str) -> None:
-        from .recovery_alarms import give_up_now
+        from .continuation import give_up_now
 
         give_up_now(incident, reason=reason)
 

@@ -31,11 +31,11 @@ from recovery.models import Incident as IncidentRow
 from recovery.runtime import db
 from recovery.targets import recovery_target
 
-from .agents import Think, agent_for
-from .exceptions import UnknownAgent
-from .models import Conversation
-from .services import turn_start_recovered
-from .turn_recovery import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
+from ..agents import Think, agent_for
+from ..exceptions import UnknownAgent
+from ..models import Conversation
+from ..transcript.services import turn_start_recovered
+from .interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
 
 logger = logging.getLogger(__name__)
 

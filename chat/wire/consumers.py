@@ -3,7 +3,7 @@
 Per connection it keeps four things: the request it owes a resume ACK for (no live frames until
 then), whether it is parked in the pre-stream window, the highest seq sent per stream, which makes
 replay-then-live gap-free and duplicate-free across processes, and when it last heard of each stream
-it follows live, so that a lost tail is filled from Postgres too (chat.silence).
+it follows live, so that a lost tail is filled from Postgres too (chat.wire.silence).
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from recovery.fibers import conversation_busy, fiber_request_cancel
 from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
+from ..access import Credentials, conversation_open
+from ..agents import agent_class
+from ..conf import think_setting
+from ..exceptions import AccessDenied, UnknownAgent
+from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
+from ..transcript.selectors import stream_for_request
+from ..transcript.services import conversation_clear, turn_accept
 from . import protocol as p
 from . import silence
-from .access import Credentials, conversation_open
-from .agents import agent_class
 from .broadcast import group_name, release_parked
-from .conf import think_setting
-from .exceptions import AccessDenied, UnknownAgent
-from .interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from .limits import frame_bucket, frame_limits
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
-from .selectors import stream_for_request
-from .services import conversation_clear, turn_accept
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 break
             await self.send(p.response_frame(request_id, body, seq=seq, continuation=stream.is_continuation))
 
-    # -- silence (chat.silence) -----------------------------------------------------------------------
+    # -- silence (chat.wire.silence) -----------------------------------------------------------------------
     def _heard(self, request_id: str) -> None:
         """A frame of a stream this connection follows live went out: look it up after a silence."""
         if request_id not in self.following:
@@ -363,6 +363,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
 
 def _messages(conversation_id: int) -> list[dict[str, Any]]:
-    from .selectors import messages_list
+    from ..transcript.selectors import messages_list
 
     return messages_list(conversation_id=conversation_id)

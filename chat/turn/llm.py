@@ -16,8 +16,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from .conf import think_setting
-from .exceptions import ReattachUnavailable, ResponseFailed
+from ..conf import think_setting
+from ..exceptions import ReattachUnavailable, ResponseFailed
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ async def stream_chat(
 ) -> AsyncGenerator[Event, None]:
     """Stream one model call. Provider errors surface as litellm exceptions (one retry budget: ours).
 
-    `lean`: read an OpenAI-compatible provider's stream with `chat.openai_compat` (litellm still routes
+    `lean`: read an OpenAI-compatible provider's stream with `chat.turn.openai_compat` (litellm still routes
     and builds the request, and maps its errors); any other provider streams through litellm.
     """
     litellm = await _litellm()

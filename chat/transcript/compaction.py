@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from .models import Compaction, Conversation, Message
+from ..models import Compaction, Conversation, Message
 
 if TYPE_CHECKING:
-    from .agents import Think
+    from ..agents import Think
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def render_transcript(messages: list[UIMessage]) -> str:
 
 async def summarize_with_model(messages: list[UIMessage], ctx: CompactionContext) -> str:
     """The default summariser: the agent's own model, through litellm."""
-    from . import llm
+    from ..turn import llm
 
     prompt = [
         {"role": "system", "content": SUMMARY_PROMPT},

@@ -2,7 +2,7 @@
 
 A step that ends with tool calls runs the server tools and starts the next step with their results;
 a client tool or a tool that needs approval ends the turn, and the human's answer continues it later
-(see `chat.interactions`). Tools a human approved earlier run first, before any model call.
+(see `chat.transcript.interactions`). Tools a human approved earlier run first, before any model call.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING, Any
 from recovery import diagnostics
 from recovery.runtime import db
 
+from ..exceptions import ReattachUnavailable, StreamStalled
+from ..transcript.folding import MessageAccumulator, is_tool_part, tool_name_of
+from ..transcript.interactions import result_update
+from ..transcript.model_messages import to_model_messages
+from ..transcript.repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
+from ..transcript.selectors import messages_list
 from . import llm
 from .chunking import ToolCall, UIChunker
-from .exceptions import ReattachUnavailable, StreamStalled
-from .folding import MessageAccumulator, is_tool_part, tool_name_of
-from .interactions import result_update
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
-from .repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
-from .selectors import messages_list
 from .tools import Tool, ToolOutcome, Toolset, tool_execute
-from .transcript import to_model_messages
 
 if TYPE_CHECKING:
-    from .agents import Think
+    from ..agents import Think
 
 logger = logging.getLogger(__name__)
 

@@ -144,9 +144,9 @@ async def compact_for_overflow(
     from recovery import diagnostics
     from recovery.runtime import db
 
-    from . import broadcast
-    from .protocol import chat_messages_frame
-    from .selectors import messages_list
+    from ..transcript.selectors import messages_list
+    from ..wire import broadcast
+    from ..wire.protocol import chat_messages_frame
 
     session = agent.session
     if not session.can_compact:

@@ -24,18 +24,19 @@ from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db
 from recovery.stream import StreamWriter, stream_close, stream_open
 
-from . import broadcast, errors, llm
-from .agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
-from .conf import think_setting
-from .exceptions import StreamStalled
-from .folding import MessageAccumulator
+from ..agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
+from ..conf import think_setting
+from ..exceptions import StreamStalled
+from ..models import Conversation
+from ..transcript.folding import MessageAccumulator
+from ..transcript.repair import repair_transcript
+from ..transcript.selectors import messages_list, stream_partial
+from ..transcript.services import TurnOutcome, transcript_repair_save, turn_finish
+from ..wire import broadcast
+from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
+from . import errors, llm
 from .loop import ModelLoop
-from .models import Conversation
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
-from .protocol import chat_messages_frame, chunk_framer, response_frame
-from .repair import repair_transcript
-from .selectors import messages_list, stream_partial
-from .services import TurnOutcome, transcript_repair_save, turn_finish
 from .tools import Toolset
 
 logger = logging.getLogger(__name__)
@@ -444,7 +445,7 @@ class TurnRunner:
             logger.warning("fiber lease lost while finishing; nothing written", extra=self.log_extra)
             return
         if self.incident_id:  # a recovered turn settles its incident (and the recovering flag) first
-            from .recovery_alarms import settle_recovered_turn
+            from .continuation import settle_recovered_turn
 
             conversation = await db(Conversation.objects.get, pk=self.conversation_id)
             await settle_recovered_turn(

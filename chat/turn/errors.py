@@ -3,12 +3,12 @@
 `default_chat_error_classifier`, Think's default `classify_chat_error`, names them by type, never by
 wording: litellm's `RateLimitError` (or any provider error with HTTP status 429) is "rate_limit"; a 5xx,
 an unavailable or overloaded provider, a bad gateway, a timeout, a lost connection and a broken or
-malformed stream (litellm's `MidStreamFallbackError`, `APIConnectionError`) are "transient". Context-window
-overflows are "context_overflow" (see `chat.overflow`). Anything else (a refused request, bad credentials,
-a bug) is left unclassified and ends the turn at once, as before.
+malformed stream (litellm's `MidStreamFallbackError`, `APIConnectionError`) are "transient".
+Context-window overflows are "context_overflow" (see `chat.turn.overflow`). Anything else (a refused
+request, bad credentials, a bug) is left unclassified and ends the turn at once, as before.
 
-A turn whose error is "rate_limit" or "transient" is handed to recovery (see `chat.turns`), which waits a
-little (`recovery.incidents.transient_wait_s`) and continues it from what was stored.
+A turn whose error is "rate_limit" or "transient" is handed to recovery (see `chat.turn.runner`), which
+waits a little (`recovery.incidents.transient_wait_s`) and continues it from what was stored.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .exceptions import ResponseFailed
+from ..exceptions import ResponseFailed
 from .overflow import ChatErrorContext, default_context_overflow_classifier
 
 RATE_LIMIT = "rate_limit"

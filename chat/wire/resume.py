@@ -13,16 +13,16 @@ from typing import Any
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks, stream_close, stream_last_seq
 
-from .folding import message_chunks
-from .models import Conversation, Message
-from .protocol import dumps, response_frame
-from .selectors import (
+from ..models import Conversation, Message
+from ..transcript.folding import message_chunks
+from ..transcript.selectors import (
     active_stream,
     messages_list,
     pending_turn_request_id,
     stream_for_request,
     stream_partial,
 )
+from .protocol import dumps, response_frame
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def connect_state(*, conversation_id: int) -> ConnectState:
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
         return ConnectState(stream.request_id, None, [], None)
-    from .turn_recovery import recovering_flag_active
+    from ..turn.interrupted import recovering_flag_active
 
     conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
     fresh = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
@@ -86,7 +86,7 @@ def probe_answer(*, conversation_id: int, channel_name: str | None = None) -> Pr
         return ProbeAnswer("resuming", stream.request_id)
     # Between an interrupted stream's end and its continuation's start, recovery owns the turn:
     # the client waits (parked) rather than hearing "idle"; it is released if recovery ends without one.
-    from .turn_recovery import recovering_flag_active
+    from ..turn.interrupted import recovering_flag_active
 
     flag = Conversation.objects.values_list("recovering", flat=True).get(pk=conversation_id)
     if isinstance(flag, dict) and recovering_flag_active(flag, now_ms=int(time.time() * 1000)):
@@ -156,7 +156,7 @@ def _finalize_orphan(stream: Stream) -> Replay:
     """Replay an orphaned stream, close it, and store the message its chunks make."""
     from django.db import transaction
 
-    from .services import message_upsert
+    from ..transcript.services import message_upsert
 
     frames, last, pages = _replay_frames(stream, _extended_message(stream))  # before the message is stored
     with transaction.atomic():
@@ -288,7 +288,7 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
 
 @dataclass(frozen=True)
 class Tail:
-    """What the store holds of a stream past the last chunk a connection sent (chat.silence)."""
+    """What the store holds of a stream past the last chunk a connection sent (chat.wire.silence)."""
 
     frames: list[tuple[int, str]]  # (seq, frame) of the chunks stored after it
     end: tuple[int, str] | None = None  # (seq, frame): the stream has ended

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from recovery.models import Fiber, FiberQuerySet
 
-from .conf import think_setting
-from .exceptions import ProtocolError
-from .models import Message
+from ..conf import think_setting
+from ..exceptions import ProtocolError
+from ..models import Message
+from ..transcript.compaction import COMPACTION_PREFIX
 from .protocol import ChatRequest, Limits, check_message_limits
-from .session import COMPACTION_PREFIX
 
 
 def frame_limits() -> Limits:

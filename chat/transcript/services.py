@@ -19,11 +19,11 @@ from recovery.exceptions import LeaseLost
 from recovery.fibers import conversation_busy, fiber_create, fibers_fence_out, next_pending_fiber
 from recovery.models import Fiber, Stream
 
+from ..models import Compaction, Conversation, Message
+from ..wire.limits import turn_refusal
+from ..wire.protocol import ChatRequest
+from .compaction import COMPACTION_PREFIX
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
-from .limits import turn_refusal
-from .models import Compaction, Conversation, Message
-from .protocol import ChatRequest
-from .session import COMPACTION_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -281,19 +281,19 @@ def turn_start_followup(
 
 def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:
     """Hand a fiber to a worker, unless another turn of the conversation runs (it will start this one)."""
-    from .tasks import run_turn
+    from ..tasks import run_turn
 
     if next_pending_fiber(conversation_id=conversation_id) == fiber_id:
         run_turn.delay(str(fiber_id))
 
 
 def turn_enqueue_pending(conversation_id: int) -> None:
-    """How the recovery layer sends a conversation's head pending turn again (chat.turn_recovery)."""
+    """How the recovery layer sends a conversation's head pending turn again (chat.turn.interrupted)."""
     turn_enqueue_next(conversation_id=conversation_id)
 
 
 def turn_enqueue_next(*, conversation_id: int) -> None:
-    from .tasks import run_turn
+    from ..tasks import run_turn
 
     fiber_id = next_pending_fiber(conversation_id=conversation_id)
     if fiber_id is not None:
@@ -355,7 +355,7 @@ SELECT (SELECT id FROM {fiber} WHERE conversation_id = %(conversation)s AND stat
 
 
 def _tables() -> dict[str, str]:
-    from .models import Submission
+    from ..models import Submission
 
     return {
         "conversation": Conversation._meta.db_table,
@@ -433,8 +433,8 @@ def _json(value: Any) -> Any:
 
 def _turn_after(conversation_id: int, pending: Any, submissions: bool, root_request_id: str) -> None:
     """After a turn: start the next queued one; settle its submission and drain waiting ones."""
+    from ..tasks import run_turn
     from .submissions import submission_turn_finished, submissions_drain
-    from .tasks import run_turn
 
     if pending is not None:
         run_turn.delay(str(pending))

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
-from .conf import think_setting
+from ..conf import think_setting
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ async def publish_frames(conversation_id: int, request_id: str, frames: list[tup
 
 async def publish_frames_many(batches: list[tuple[tuple[int, str], list[tuple[int, str]]]]) -> None:
     """The frames of a flusher tick, every turn's, in one round trip when the channel layer can
-    (`chat.layers.RedisFanoutLayer.group_send_many`); one group_send each otherwise."""
+    (`chat.wire.layers.RedisFanoutLayer.group_send_many`); one group_send each otherwise."""
     layer = get_channel_layer()
     if layer is None:
         raise RuntimeError("CHANNEL_LAYERS is not configured")
