@@ -1,24 +1,16 @@
-"""System checks for the THINK settings dict."""
+"""System checks of the chat app: its keys of the THINK dict and the agents it names (the recovery
+layer checks its own keys, recovery.checks)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, Tags, register
-from django.core.checks import Warning as CheckWarning
+from django.core.checks import CheckMessage, Error, register
 from django.utils.module_loading import import_string
 
 from .conf import think_setting
 
-POSITIVE_NUMBERS = (
-    "FLUSH_EVERY_CHUNKS",
-    "FLUSH_INTERVAL_MS",
-    "STREAM_SILENCE_MS",
-    "LEASE_TTL_S",
-    "HEARTBEAT_INTERVAL_S",
-    "RECOVERY_TICK_S",
-    "TOKEN_MAX_AGE_S",
-)
+POSITIVE_NUMBERS = ("STREAM_SILENCE_MS", "TOKEN_MAX_AGE_S", "MAX_FRAMES_PER_S")
 POSITIVE_INTEGERS = (
     "MAX_NAME_LENGTH",
     "MAX_FRAME_BYTES",
@@ -27,27 +19,12 @@ POSITIVE_INTEGERS = (
     "MAX_TOOL_OUTPUT_BYTES",
     "MAX_QUEUED_TURNS",
     "MAX_FRAME_BURST",
-    "DB_THREADS",
 )
 
 
 @register()
 def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return [*_check_agents(), *_check_numbers(), *_check_limits(), *_check_access()]
-
-
-@register(Tags.security, deploy=True)
-def check_think_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    if think_setting("METRICS_TOKEN"):
-        return []
-    return [
-        CheckWarning(
-            "GET /metrics is open to anyone who can reach it (THINK['METRICS_TOKEN'] is not set).",
-            hint="Set THINK['METRICS_TOKEN'] (the scraper sends it as a bearer token), or keep the "
-            "metrics URL off the public network.",
-            id="think_chat.W001",
-        )
-    ]
 
 
 def _check_access() -> list[CheckMessage]:
@@ -69,13 +46,6 @@ def _check_access() -> list[CheckMessage]:
                     id="think_chat.E008",
                 )
             )
-    if not isinstance(think_setting("CANCEL_SIGNALS"), bool):
-        errors.append(Error("THINK['CANCEL_SIGNALS'] must be True or False.", id="think_chat.E010"))
-    token = think_setting("METRICS_TOKEN")
-    if token is not None and not (isinstance(token, str) and token):
-        errors.append(
-            Error("THINK['METRICS_TOKEN'] must be None or a non-empty string.", id="think_chat.E009")
-        )
     return errors
 
 
@@ -121,21 +91,11 @@ def _positive_number(value: Any) -> bool:
 
 
 def _check_numbers() -> list[CheckMessage]:
-    errors: list[CheckMessage] = [
+    return [
         Error(f"THINK[{key!r}] must be a positive number, got {value!r}.", id="think_chat.E005")
-        for key in (*POSITIVE_NUMBERS, "MAX_FRAMES_PER_S")
+        for key in POSITIVE_NUMBERS
         if not _positive_number(value := think_setting(key))
     ]
-    heartbeat, ttl = think_setting("HEARTBEAT_INTERVAL_S"), think_setting("LEASE_TTL_S")
-    if _positive_number(heartbeat) and _positive_number(ttl) and heartbeat >= ttl:
-        errors.append(
-            Error(
-                "THINK['HEARTBEAT_INTERVAL_S'] must be shorter than THINK['LEASE_TTL_S'].",
-                hint="A lease that is renewed less often than it expires is always expired.",
-                id="think_chat.E006",
-            )
-        )
-    return errors
 
 
 def _check_limits() -> list[CheckMessage]:

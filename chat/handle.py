@@ -22,6 +22,7 @@ from recovery.models import Alarm, Fiber, Incident
 
 from .exceptions import ConversationBusy, ProtocolError
 from .models import Conversation
+from .turn.snapshot import TurnKind, TurnSnapshot
 from .wire.protocol import validate_ui_message
 
 FIBER_OUTCOMES: dict[str, str] = {
@@ -85,7 +86,7 @@ def turn_start_programmatic(
     request_id: str | None = None,
     timeout: float | None = None,
     enqueue: bool = True,
-    extra_snapshot: dict[str, Any] | None = None,
+    submission_id: str | None = None,
     on_applied: Callable[[Conversation], None] | None = None,
 ) -> TurnResult:
     """Append messages (or what a function of the current transcript returns) and start a turn.
@@ -110,12 +111,11 @@ def turn_start_programmatic(
                 conversation.last_terminal = None
                 conversation.save(update_fields=["last_terminal", "updated_at"])
                 snapshot = turn_snapshot(conversation=conversation, request_id=request_id, continuation=False)
-                snapshot["chat"].update(extra_snapshot or {})
                 fiber = fiber_create(
                     conversation_id=conversation_id,
                     request_id=request_id,
-                    kind=Fiber.Kind.PROGRAMMATIC,
-                    snapshot=snapshot,
+                    kind=TurnKind.PROGRAMMATIC,
+                    snapshot=snapshot.replace(submission_id=submission_id).envelope(),
                 )
                 if on_applied is not None:
                     on_applied(conversation)
@@ -133,7 +133,8 @@ def turn_start_programmatic(
 def chain_outcome(*, conversation_id: int, root_request_id: str) -> str | None:
     """The outcome of a turn and the recoveries that continued it; None while any of it may still run."""
     chain = Fiber.objects.filter(conversation_id=conversation_id).filter(
-        Q(request_id=root_request_id) | Q(snapshot__chat__recoveryRootRequestId=root_request_id)
+        Q(request_id=root_request_id)
+        | Q(**{TurnSnapshot.lookup("recovery_root_request_id"): root_request_id})
     )
     if chain.filter(
         status__in=[Fiber.Status.PENDING, Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]

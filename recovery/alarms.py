@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from . import diagnostics
 from .models import Alarm
 from .runtime import db
+from .targets import owner_labels
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ async def fire_alarm(alarm_id: int) -> None:
         logger.error("alarm %s has unknown callback %r; dropped", alarm_id, alarm.callback)
         await db(alarm_done, alarm_id=alarm_id)
         return
-    labels = {"agent": getattr(owner, "agent", ""), "name": getattr(owner, "name", "")}
+    labels = owner_labels(owner)
     diagnostics.emit("schedule:execute", {"callback": alarm.callback, "id": alarm_id}, **labels)
     try:
         await handler(owner, dict(alarm.payload))

@@ -8,7 +8,7 @@ class RecoveryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import metrics, signals
+        from . import checks, metrics, signals  # noqa: F401  (checks registers the system checks)
 
         # Turn and recovery counts come from the diagnostic events.
         signals.chat_event.connect(metrics.chat_event_observed, dispatch_uid="think_recovery.metrics")

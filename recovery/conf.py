@@ -30,6 +30,18 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# The model whose rows own fibers, streams, incidents and alarms, as an "app_label.Model" label. Like
+# AUTH_USER_MODEL it is a top-level setting, read once at start-up by the recovery models' foreign keys
+# and migrations (which need the owner's table in its app's first migration), and it must not change
+# once the tables exist. The one owner in this distribution is the chat app's conversation.
+DEFAULT_OWNER_MODEL = "think_chat.Conversation"
+
+
+def owner_model_label() -> str:
+    """The label of the model that owns the recovery layer's rows (settings.THINK_OWNER_MODEL)."""
+    return str(getattr(settings, "THINK_OWNER_MODEL", DEFAULT_OWNER_MODEL))
+
+
 def setting(name: str, defaults: dict[str, Any] = DEFAULTS) -> Any:
     """One THINK setting, falling back to its default."""
     configured: dict[str, Any] = getattr(settings, "THINK", {}) or {}

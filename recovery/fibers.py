@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,6 +27,11 @@ from .exceptions import LeaseLost
 from .models import Fiber, owner_model
 
 logger = logging.getLogger(__name__)
+
+# A fiber's snapshot is JSON the owning app writes when it creates the fiber. While the fiber runs this
+# layer patches two slots of it in SQL, each in a statement of its own, so neither write clobbers the other.
+STASH_SLOT = "user"  # what the running work keeps for its recovery (fiber_stash)
+CURSOR_SLOT = "reattach"  # the provider cursor the stream's segment writes record (recovery.stream)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ def fiber_create(
 
 
 _CLAIM_LOCK = """
-SELECT c.id, c.agent, c.name, c.last_client_tools
+SELECT c.id{columns}
 FROM {fiber} AS f JOIN {conversation} AS c ON c.id = f.conversation_id
 WHERE f.id = %s AND f.status = 'pending'
 FOR UPDATE OF c
@@ -75,15 +81,21 @@ RETURNING f.fencing, f.conversation_id, f.request_id, f.kind, f.snapshot
 """
 
 
-def fiber_claim(*, fiber_id: Any, owner: str) -> Claim | None:
+def fiber_claim(*, fiber_id: Any, owner: str, fields: Sequence[str] = ()) -> Claim | None:
     """Take the lease of a pending fiber; None when it is not pending or its conversation is busy.
 
     Claims are serialised per conversation by locking the conversation row, so only one turn of a
     conversation runs at a time across all workers, and turns start in the order they were accepted.
+    `fields` are the owner row's fields the work needs to start, read under that lock (Claim.conversation).
     """
-    tables = {"fiber": Fiber._meta.db_table, "conversation": owner_model()._meta.db_table}
+    model = owner_model()
+    owner_fields = [model._meta.get_field(name) for name in fields]
+    tables = {"fiber": Fiber._meta.db_table, "conversation": model._meta.db_table}
+    columns = "".join(
+        f", c.{connection.ops.quote_name(str(getattr(f, 'column', f.name)))}" for f in owner_fields
+    )
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_CLAIM_LOCK.format(**tables), [fiber_id])
+        cursor.execute(_CLAIM_LOCK.format(columns=columns, **tables), [fiber_id])
         locked = cursor.fetchone()
         if locked is None:
             return None
@@ -93,12 +105,11 @@ def fiber_claim(*, fiber_id: Any, owner: str) -> Claim | None:
     if row is None:
         return None
     fencing, conversation_id, request_id, kind, snapshot = row
-    conversation = {
-        "id": locked[0],
-        "agent": locked[1],
-        "name": locked[2],
-        "last_client_tools": _json(locked[3]),
-    }
+    conversation = {"id": locked[0]}
+    for owner_field, raw in zip(owner_fields, locked[1:], strict=True):
+        # A raw cursor leaves some decoding (jsonb) to the model field, as a queryset would do it.
+        from_db = getattr(owner_field, "from_db_value", None)
+        conversation[owner_field.name] = from_db(raw, None, connection) if from_db is not None else raw
     claimed = uuid.UUID(str(fiber_id))
     return Claim(claimed, fencing, conversation_id, request_id, kind, _json(snapshot), conversation)
 
@@ -184,21 +195,19 @@ def next_pending_fiber(*, conversation_id: int) -> Any | None:
 def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
     """Store user data in the running fiber's snapshot (`ctx.recovery_data` on recovery), fenced.
 
-    Only the "user" key changes, in one statement: the stream's segment writes set "reattach" beside it.
+    Only STASH_SLOT changes, in one statement: the stream's segment writes set CURSOR_SLOT beside it.
     """
-    import json
-
     try:
         encoded = json.dumps(data)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"stash() needs JSON-serialisable data: {exc}") from None
     sql = (
         f"UPDATE {Fiber._meta.db_table}"
-        " SET snapshot = jsonb_set(COALESCE(snapshot, '{}'::jsonb), '{user}', %s::jsonb)"
+        " SET snapshot = jsonb_set(COALESCE(snapshot, '{}'::jsonb), %s::text[], %s::jsonb)"
         " WHERE id = %s AND fencing = %s AND status = %s"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [encoded, fiber_id, fencing, Fiber.Status.RUNNING])
+        cursor.execute(sql, [[STASH_SLOT], encoded, fiber_id, fencing, Fiber.Status.RUNNING])
         updated = cursor.rowcount
     if not updated:
         raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")

@@ -7,6 +7,12 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from .conf import owner_model_label
+
+# Every row of the layer belongs to an owner row (a conversation), named by settings.THINK_OWNER_MODEL:
+# the layer reaches it through these relations and never imports the app that defines it.
+OWNER_MODEL = owner_model_label()
+
 
 class FiberQuerySet(models.QuerySet["Fiber"]):
     def active(self) -> FiberQuerySet:
@@ -27,18 +33,11 @@ class Fiber(models.Model):
         # The engine has handled the interruption (scheduled a continuation, gave up, or skipped).
         RECOVERED = "recovered"
 
-    class Kind(models.TextChoices):
-        CHAT = "chat"
-        CONTINUE = "continue"
-        RETRY = "retry"
-        PROGRAMMATIC = "programmatic"
-
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    conversation = models.ForeignKey(
-        "think_chat.Conversation", on_delete=models.CASCADE, related_name="fibers"
-    )
+    conversation = models.ForeignKey(OWNER_MODEL, on_delete=models.CASCADE, related_name="fibers")
     request_id = models.CharField(max_length=255)
-    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
+    # What kind of work the owning app runs in it (the chat app's TurnKind); the layer never reads it.
+    kind = models.CharField(max_length=16)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     snapshot = models.JSONField(null=True, blank=True)
     lease_owner = models.CharField(max_length=255, blank=True, default="")
@@ -81,9 +80,7 @@ class Stream(models.Model):
         ERROR = "error"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    conversation = models.ForeignKey(
-        "think_chat.Conversation", on_delete=models.CASCADE, related_name="streams"
-    )
+    conversation = models.ForeignKey(OWNER_MODEL, on_delete=models.CASCADE, related_name="streams")
     fiber = models.ForeignKey(Fiber, on_delete=models.SET_NULL, null=True, blank=True, related_name="streams")
     request_id = models.CharField(max_length=255)
     message_id = models.CharField(max_length=255)
@@ -145,9 +142,7 @@ class Incident(models.Model):
         EXHAUSTED = "exhausted"
         FAILED = "failed"
 
-    conversation = models.ForeignKey(
-        "think_chat.Conversation", on_delete=models.CASCADE, related_name="incidents"
-    )
+    conversation = models.ForeignKey(OWNER_MODEL, on_delete=models.CASCADE, related_name="incidents")
     incident_id = models.CharField(max_length=600)
     request_id = models.CharField(max_length=255)
     recovery_root_request_id = models.CharField(max_length=255)
@@ -187,9 +182,7 @@ class Alarm(models.Model):
         PENDING = "pending"
         RUNNING = "running"
 
-    conversation = models.ForeignKey(
-        "think_chat.Conversation", on_delete=models.CASCADE, related_name="alarms"
-    )
+    conversation = models.ForeignKey(OWNER_MODEL, on_delete=models.CASCADE, related_name="alarms")
     callback = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
     due_at = models.DateTimeField()
@@ -208,6 +201,6 @@ class Alarm(models.Model):
 
 
 def owner_model() -> type[models.Model]:
-    """The model whose rows own fibers, streams and incidents (the chat app's conversation), reached
+    """The model whose rows own fibers, streams and incidents (settings.THINK_OWNER_MODEL), reached
     through the fibers' relation: the recovery layer never imports it."""
     return Fiber._meta.get_field("conversation").related_model  # type: ignore[return-value]

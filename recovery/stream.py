@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from .conf import setting
 from .exceptions import LeaseLost
-from .fibers import lease_ttl
+from .fibers import CURSOR_SLOT, lease_ttl
 from .models import Fiber, Segment, Stream, owner_model
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class SegmentEntry:
     stream_id: Any = None
     segments: tuple[tuple[int, int, str], ...] = ()  # (seq_start, seq_end, body)
     credit: int = 0
-    reattach: str | None = None  # a provider cursor (JSON): the snapshot's "reattach" entry
+    reattach: str | None = None  # a provider cursor (JSON): the snapshot's CURSOR_SLOT
 
 
 # One statement for every turn a worker process flushes in a tick: their segments, their fenced lease
@@ -102,7 +102,7 @@ WITH input AS (
 ), lease AS (
     UPDATE {fiber} AS f SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now(),
         snapshot = CASE WHEN p.reattach IS NULL OR f.cancel_requested THEN f.snapshot
-            ELSE jsonb_set(COALESCE(f.snapshot, '{{}}'::jsonb), '{{reattach}}', p.reattach) END
+            ELSE jsonb_set(COALESCE(f.snapshot, '{{}}'::jsonb), %(cursor_path)s::text[], p.reattach) END
     FROM per_fiber AS p
     WHERE f.id = p.fiber_id AND f.fencing = p.fencing AND f.status = 'running'
     RETURNING f.id, f.conversation_id, f.cancel_requested
@@ -148,7 +148,7 @@ def segments_write(entries: list[SegmentEntry]) -> dict[Any, SegmentWrite]:
         fiber=Fiber._meta.db_table, conversation=owner_model()._meta.db_table, segment=Segment._meta.db_table
     )
     with connection.cursor() as cursor:
-        params: dict[str, Any] = {**rows, "ttl": lease_ttl()}
+        params: dict[str, Any] = {**rows, "ttl": lease_ttl(), "cursor_path": [CURSOR_SLOT]}
         cursor.execute(sql, params)
         return {
             str(fiber): SegmentWrite(cancel_requested=bool(cancel)) for fiber, cancel in cursor.fetchall()
@@ -168,7 +168,7 @@ def segment_append(
 ) -> SegmentWrite | None:
     """Write one segment if the fiber is still ours (None otherwise) and not asked to stop (then
     nothing is written), renewing its lease; `reattach` (a provider cursor, JSON) becomes the
-    snapshot's "reattach" entry. The group write of one fiber."""
+    snapshot's CURSOR_SLOT. The group write of one fiber."""
     entry = SegmentEntry(fiber_id, fencing, stream_id, ((seq_start, seq_end, body),), credit, reattach)
     return segments_write([entry]).get(str(fiber_id))
 

@@ -5,7 +5,7 @@ The recovery layer stores fibers, streams, incidents and alarms and runs the eng
 how its interrupted state is read, what the agent's hook answers, how a continuation is started and how
 clients hear of the outcome belong to the app that owns it. That app subclasses `RecoveryTarget` and
 registers one instance in its AppConfig.ready(), the way an app registers a ModelAdmin; the chat app
-registers chat.recovery_target.ChatTarget.
+registers chat.turn.interrupted.ChatTarget.
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ class RecoveryTarget(ABC):
     def owner_pk(self, *, agent: str, name: str) -> int | None:
         """The owner row a command names as AGENT/NAME; None when there is none."""
 
+    def labels(self, owner: Any) -> dict[str, str]:
+        """The names diagnostics events about an owner row carry (`agent`, `name`)."""
+        return {}
+
 
 _target: RecoveryTarget | None = None
 
@@ -124,6 +128,11 @@ _target: RecoveryTarget | None = None
 def register_target(target: RecoveryTarget) -> None:
     global _target
     _target = target
+
+
+def owner_labels(owner: Any) -> dict[str, str]:
+    """The registered target's labels of an owner row; none while no target is registered."""
+    return {} if _target is None else _target.labels(owner)
 
 
 def recovery_target() -> RecoveryTarget:

@@ -121,9 +121,8 @@ def interaction_apply(
         continuation = None
         if status == "applied" and message is not None and continuation_due(conversation, message):
             conversation.continue_armed = ""
-            extra = {"ownerChannel": owner} if owner else None
             followup = turn_start_followup(
-                conversation=conversation, require_idle=False, extra_snapshot=extra
+                conversation=conversation, require_idle=False, owner_channel=owner or None
             )
             continuation = followup.request_id
         conversation.save(update_fields=["last_client_tools", "tool_updates", "continue_armed", "updated_at"])

@@ -20,14 +20,13 @@ from recovery.fibers import conversation_busy, fiber_create, fibers_fence_out, n
 from recovery.models import Fiber, Stream
 
 from ..models import Compaction, Conversation, Message
+from ..turn.snapshot import FiberSnapshot, TurnKind, TurnSnapshot
 from ..wire.limits import turn_refusal
 from ..wire.protocol import ChatRequest
 from .compaction import COMPACTION_PREFIX
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 
 logger = logging.getLogger(__name__)
-
-SNAPSHOT_KIND = "think-chat-turn"
 
 
 def conversation_get_or_create(*, agent: str, name: str, owner: str = "") -> Conversation:
@@ -119,30 +118,27 @@ def turn_snapshot(
     continuation: bool,
     root_request_id: str | None = None,
     incident_id: str | None = None,
-) -> dict[str, Any]:
-    """The fiber snapshot, written before the model is called, so even a pre-stream crash is recoverable."""
+) -> TurnSnapshot:
+    """The turn a fiber will run, taken before the model is called, so even a pre-stream crash is
+    recoverable."""
     latest = Message.objects.filter(conversation=conversation).order_by("-position").first()
     latest_user = (
         Message.objects.filter(conversation=conversation, role=Message.Role.USER)
         .order_by("-position")
         .first()
     )
-    chat = {
-        "kind": SNAPSHOT_KIND,
-        "version": 1,
-        "requestId": request_id,
-        "recoveryRootRequestId": root_request_id or request_id,
-        "continuation": continuation,
-        "latestMessageId": latest.message_id if latest else None,
-        "latestMessageRole": latest.role if latest else None,
-        "latestUserMessageId": latest_user.message_id if latest_user else None,
-        "startedAt": timezone.now().isoformat(),
-        "lastBody": conversation.last_body,
-        "lastClientTools": conversation.last_client_tools,
-    }
-    if incident_id is not None:
-        chat["incidentId"] = incident_id
-    return {"chat": chat, "user": None}
+    return TurnSnapshot(
+        request_id=request_id,
+        continuation=continuation,
+        recovery_root_request_id=root_request_id or request_id,
+        latest_message_id=latest.message_id if latest else None,
+        latest_message_role=latest.role if latest else None,
+        latest_user_message_id=latest_user.message_id if latest_user else None,
+        started_at=timezone.now().isoformat(),
+        last_body=conversation.last_body,
+        last_client_tools=conversation.last_client_tools,
+        incident_id=incident_id,
+    )
 
 
 @dataclass(frozen=True)
@@ -188,7 +184,10 @@ def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "qu
         conversation.save(update_fields=["last_body", "last_client_tools", "last_terminal", "updated_at"])
         snapshot = turn_snapshot(conversation=conversation, request_id=request.id, continuation=False)
         fiber = fiber_create(
-            conversation_id=conversation_id, request_id=request.id, kind=Fiber.Kind.CHAT, snapshot=snapshot
+            conversation_id=conversation_id,
+            request_id=request.id,
+            kind=TurnKind.CHAT,
+            snapshot=snapshot.envelope(),
         )
         transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded)
@@ -235,13 +234,13 @@ def turn_start_recovered(
 def turn_start_followup(
     *,
     conversation: Conversation,
-    kind: str = Fiber.Kind.CONTINUE,
+    kind: str = TurnKind.CONTINUE,
     root_request_id: str = "",
     incident_id: str | None = None,
     last_body: dict[str, Any] | None = None,
     last_client_tools: list[dict[str, Any]] | None = None,
     require_idle: bool = True,
-    extra_snapshot: dict[str, Any] | None = None,
+    owner_channel: str | None = None,
     reattach: dict[str, Any] | None = None,
 ) -> TurnStart:
     """Create the fiber of a continuation or retry; call inside a transaction holding the conversation lock.
@@ -250,7 +249,7 @@ def turn_start_followup(
     running one instead of being skipped.
     """
     leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
-    wanted = Message.Role.USER if kind == Fiber.Kind.RETRY else Message.Role.ASSISTANT
+    wanted = Message.Role.USER if kind == TurnKind.RETRY else Message.Role.ASSISTANT
     if leaf is None or leaf.role != wanted:
         return TurnStart("", "skipped")
     if require_idle and conversation_busy(conversation.pk):
@@ -266,14 +265,13 @@ def turn_start_followup(
     snapshot = turn_snapshot(
         conversation=conversation,
         request_id=request_id,
-        continuation=kind != Fiber.Kind.RETRY,
+        continuation=kind != TurnKind.RETRY,
         root_request_id=root_request_id or None,
         incident_id=incident_id,
-    )
-    snapshot["chat"].update(extra_snapshot or {})
-    if reattach is not None:  # where the turn's own segment writes keep it (recovery.stream)
-        snapshot["reattach"] = reattach
-    fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=snapshot)
+    ).replace(owner_channel=owner_channel)
+    # The cursor goes where the turn's own segment writes keep it (recovery.stream).
+    stored = snapshot.envelope(cursor=reattach)
+    fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=stored)
     conversation_id = conversation.pk
     transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return TurnStart(request_id, "accepted", fiber.pk)
@@ -388,10 +386,10 @@ def turn_finish(
         finished = cursor.fetchone()
         if finished is None:
             raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
-        request_id, snapshot = finished[0], _json(finished[1])
-        chat = (snapshot or {}).get("chat") or {}
+        request_id, turn = finished[0], FiberSnapshot.from_json(_json(finished[1])).turn
         if outcome.message is not None:
-            _message_store(cursor, tables, conversation_id, outcome.message, chat.get("latestMessageId"))
+            after = turn.latest_message_id if turn is not None else None
+            _message_store(cursor, tables, conversation_id, outcome.message, after)
         if outcome.foreign_updates:
             foreign_updates_apply(conversation_id=conversation_id, updates=outcome.foreign_updates)
         terminal = {"requestId": request_id, "body": outcome.terminal} if outcome.terminal else None
@@ -406,7 +404,7 @@ def turn_finish(
             cursor.execute(_STREAM_CLOSE.format(**tables), [outcome.stream_status, stream_id])
         cursor.execute(_AFTER.format(**tables), {"conversation": conversation_id})
         pending, submissions = cursor.fetchone()
-        root = chat.get("recoveryRootRequestId") or request_id
+        root = turn.root_request_id if turn is not None else request_id
         transaction.on_commit(lambda: _turn_after(conversation_id, pending, submissions, root))
 
 

@@ -138,7 +138,7 @@ def submissions_drain(*, conversation_id: int) -> str | None:
             messages=row.messages,
             request_id=row.request_id,
             timeout=0,
-            extra_snapshot={"submissionId": row.submission_id},
+            submission_id=row.submission_id,
             on_applied=claimed,
         )
     except ConversationBusy:

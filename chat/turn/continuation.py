@@ -36,6 +36,7 @@ from ..exceptions import UnknownAgent
 from ..models import Conversation
 from ..transcript.services import turn_start_recovered
 from .interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
+from .snapshot import TurnKind, TurnSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class _Callback:
             if target and (leaf is None or leaf["id"] != target):
                 await self.set_status("skipped", "conversation_changed")
                 return
-            kind = Fiber.Kind.CONTINUE
+            kind = TurnKind.CONTINUE
         else:
             if leaf is None or leaf["role"] != "user":
                 await self.set_status("skipped", "no_unanswered_user_message")
@@ -123,7 +124,7 @@ class _Callback:
             if self.data.get("targetUserId") and leaf["id"] != self.data["targetUserId"]:
                 await self.set_status("skipped", "conversation_changed")
                 return
-            kind = Fiber.Kind.RETRY
+            kind = TurnKind.RETRY
         started = await db(
             turn_start_recovered,
             conversation_id=self.conversation.pk,
@@ -132,7 +133,7 @@ class _Callback:
             incident_id=self.incident_id or None,
             last_body=self.data.get("lastBody"),
             last_client_tools=self.data.get("lastClientTools"),
-            reattach=self.data.get("reattach") if kind == Fiber.Kind.CONTINUE else None,
+            reattach=self.data.get("reattach") if kind == TurnKind.CONTINUE else None,
         )
         if started.status == "skipped":
             await self.set_status("skipped")
@@ -190,7 +191,7 @@ def _recovery_stop(incident: IncidentRow) -> None:
         payload__incidentId=incident.incident_id,
     ).delete()
     chain = Fiber.objects.filter(
-        conversation_id=incident.conversation_id, snapshot__chat__incidentId=incident.incident_id
+        conversation_id=incident.conversation_id, **{TurnSnapshot.lookup("incident_id"): incident.incident_id}
     ).active()
     for request_id in chain.values_list("request_id", flat=True):
         fiber_request_cancel(conversation_id=incident.conversation_id, request_id=request_id)

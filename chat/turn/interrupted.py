@@ -38,25 +38,11 @@ from ..transcript.selectors import conversation_get, messages_list, stream_parti
 from ..transcript.services import interactions_settle, message_place, turn_enqueue_pending
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, recovering_frame, response_frame
+from .snapshot import FiberSnapshot, TurnSnapshot
 
 CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"
 DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was declined."
-
-
-def unwrap_snapshot(snapshot: Any) -> tuple[dict[str, Any] | None, Any]:
-    """(chat snapshot, user stash); anything that is not our envelope gives no snapshot."""
-    if not isinstance(snapshot, dict) or "chat" not in snapshot:
-        return None, snapshot
-    chat = snapshot["chat"]
-    valid = (
-        isinstance(chat, dict)
-        and chat.get("version") == 1
-        and chat.get("kind") == "think-chat-turn"
-        and isinstance(chat.get("requestId"), str)
-        and isinstance(chat.get("continuation"), bool)
-    )
-    return (chat if valid else None), snapshot.get("user")
 
 
 @dataclass
@@ -66,7 +52,7 @@ class InterruptedTurn:
 
     fiber: Fiber
     conversation: Conversation
-    snapshot: dict[str, Any] | None
+    snapshot: TurnSnapshot | None
     recovery_data: Any
     stream: Stream | None
     partial: MessageAccumulator
@@ -101,12 +87,12 @@ class InterruptedTurn:
 
     @property
     def root_request_id(self) -> str:
-        root = (self.snapshot or {}).get("recoveryRootRequestId")
+        root = self.snapshot.recovery_root_request_id if self.snapshot is not None else ""
         return root if isinstance(root, str) and root else self.fiber.request_id
 
     @property
     def latest_user_message_id(self) -> str | None:
-        value = (self.snapshot or {}).get("latestUserMessageId")
+        value = self.snapshot.latest_user_message_id if self.snapshot is not None else None
         return value if isinstance(value, str) else None
 
     @property
@@ -140,7 +126,7 @@ class InterruptedTurn:
         a continuation would find the user message as the leaf and silently drop the turn.
         """
         snapshot = self.snapshot
-        if snapshot is None or snapshot.get("continuation") or self.stream_terminal:
+        if snapshot is None or snapshot.continuation or self.stream_terminal:
             return "continue"
         leaf = self.messages[-1] if self.messages else None
         unanswered = (
@@ -153,11 +139,13 @@ class InterruptedTurn:
 
     @property
     def last_body(self) -> dict[str, Any] | None:
-        return (self.snapshot or {}).get("lastBody", self.conversation.last_body)
+        return self.conversation.last_body if self.snapshot is None else self.snapshot.last_body
 
     @property
     def last_client_tools(self) -> list[dict[str, Any]] | None:
-        return (self.snapshot or {}).get("lastClientTools", self.conversation.last_client_tools)
+        if self.snapshot is None:
+            return self.conversation.last_client_tools
+        return self.snapshot.last_client_tools
 
     @property
     def created_at_ms(self) -> int:
@@ -183,14 +171,14 @@ def load_target(*, fiber_id: Any) -> InterruptedTurn | None:
     )
     if fiber is None:
         return None
-    snapshot, stash = unwrap_snapshot(fiber.snapshot)
+    stored = FiberSnapshot.from_json(fiber.snapshot)
     stream = Stream.objects.filter(fiber=fiber).order_by("-created_at").first()
     partial, last_seq = stream_partial(stream) if stream is not None else (MessageAccumulator(""), -1)
     return InterruptedTurn(
         fiber=fiber,
         conversation=fiber.conversation,
-        snapshot=snapshot,
-        recovery_data=stash,
+        snapshot=stored.turn,
+        recovery_data=stored.stash,
         stream=stream,
         partial=partial,
         last_seq=last_seq,
@@ -236,7 +224,7 @@ def orphan_persist(
         Conversation.objects.select_for_update().filter(pk=target.conversation.pk).first()
         conversation = Conversation.objects.get(pk=target.conversation.pk)
         if persist and target.partial.has_content:
-            after = (target.snapshot or {}).get("latestMessageId")
+            after = target.snapshot.latest_message_id if target.snapshot is not None else None
             message_place(
                 conversation_id=conversation.pk, message=target.partial.message(), after_message_id=after
             )
@@ -376,7 +364,7 @@ class ChatTarget(RecoveryTarget):
         elif can_continue:
             if leaf is not None and leaf["role"] == "assistant":
                 data["targetAssistantId"] = leaf["id"]
-                reattach = (work.fiber.snapshot or {}).get("reattach")
+                reattach = FiberSnapshot.from_json(work.fiber.snapshot).cursor
                 # The provider kept generating what the dead turn streamed (model_reattach): the
                 # continuation rejoins that generation after the last stored event, provided the leaf
                 # holds everything up to that event (the dead turn's partial, or, when the dead turn
@@ -434,3 +422,6 @@ class ChatTarget(RecoveryTarget):
     def owner_pk(self, *, agent: str, name: str) -> int | None:
         conversation = conversation_get(agent=agent, name=name)
         return None if conversation is None else conversation.pk
+
+    def labels(self, owner: Any) -> dict[str, str]:
+        return {"agent": owner.agent, "name": owner.name}

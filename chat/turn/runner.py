@@ -37,10 +37,13 @@ from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
 from . import errors, llm
 from .loop import ModelLoop
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
+from .snapshot import FiberSnapshot
 from .tools import Toolset
 
 logger = logging.getLogger(__name__)
 
+# What a turn needs of its conversation to start, read by the claim while it holds the row's lock.
+CLAIM_FIELDS = ("agent", "name", "last_client_tools")
 # Runners of this process, so a worker shutdown can hand every turn to recovery at once.
 ACTIVE: set[asyncio.Task[None]] = set()
 
@@ -52,7 +55,7 @@ async def turn_run(fiber_id: str, *, on_chunk: ChunkCallback | None = None) -> T
     # Listening before the claim: a cancel can only be signalled once the claim has committed.
     control.watch(fiber_id, lambda: loop.call_soon_threadsafe(signal.fire))
     try:
-        claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity())
+        claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity(), fields=CLAIM_FIELDS)
         if claim is None:
             logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
             return None
@@ -105,17 +108,14 @@ class TurnRunner:
         self.on_chunk = on_chunk
         self.conversation_id = claim.conversation_id
         self.request_id = claim.request_id
-        chat_snapshot = (claim.snapshot or {}).get("chat") or {}
-        self.continuation = bool(chat_snapshot.get("continuation"))
-        self.incident_id: str | None = chat_snapshot.get("incidentId")
+        stored = FiberSnapshot.from_json(claim.snapshot)
+        turn = stored.turn
+        self.continuation = turn is not None and turn.continuation
+        self.incident_id: str | None = turn.incident_id if turn is not None else None
         # A recovered turn of a model_reattach agent: the provider generation its first step rejoins.
-        self.reattach = llm.ResponseCursor.from_json((claim.snapshot or {}).get("reattach"))
+        self.reattach = llm.ResponseCursor.from_json(stored.cursor)
         # A continuation extends the assistant message it continues (set in run); others write a new one.
-        self.extends_id: str | None = (
-            chat_snapshot.get("latestMessageId")
-            if self.continuation and chat_snapshot.get("latestMessageRole") == "assistant"
-            else None
-        )
+        self.extends_id: str | None = turn.extends_assistant_message if turn is not None else None
         self.message_id = self.extends_id or str(uuid.uuid4())
         self.base_message: dict[str, Any] | None = None
         self.accumulator = MessageAccumulator(self.message_id)

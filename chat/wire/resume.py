@@ -22,6 +22,7 @@ from ..transcript.selectors import (
     stream_for_request,
     stream_partial,
 )
+from ..turn.snapshot import FiberSnapshot
 from .protocol import dumps, response_frame
 
 
@@ -61,8 +62,9 @@ def _owned_by_another(stream: Stream, channel_name: str | None) -> bool:
         return False
     from .presence import connection_present
 
-    snapshot = Fiber.objects.values_list("snapshot", flat=True).get(pk=stream.fiber_id) or {}
-    owner = (snapshot.get("chat") or {}).get("ownerChannel")
+    stored = Fiber.objects.values_list("snapshot", flat=True).get(pk=stream.fiber_id)
+    turn = FiberSnapshot.from_json(stored).turn
+    owner = turn.owner_channel if turn is not None else None
     return isinstance(owner, str) and owner != channel_name and connection_present(owner)
 
 

@@ -4,13 +4,19 @@ import django.db.models.deletion
 import uuid
 from django.db import migrations, models
 
+from recovery.conf import owner_model_label
+
+# The owner model (settings.THINK_OWNER_MODEL, the chat app's conversation by default) must be created
+# by its app's first migration, as Django asks of a custom AUTH_USER_MODEL.
+OWNER = owner_model_label()
+
 
 class Migration(migrations.Migration):
 
     initial = True
 
     dependencies = [
-        ('think_chat', '0001_initial'),
+        (OWNER.split('.')[0], '__first__'),
     ]
 
     operations = [
@@ -31,7 +37,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='fibers', to='think_chat.conversation')),
+                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='fibers', to=OWNER)),
             ],
             options={
                 'ordering': ['created_at'],
@@ -47,7 +53,7 @@ class Migration(migrations.Migration):
                 ('is_continuation', models.BooleanField(default=False)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='streams', to='think_chat.conversation')),
+                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='streams', to=OWNER)),
                 ('fiber', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='streams', to='think_recovery.fiber')),
             ],
             options={

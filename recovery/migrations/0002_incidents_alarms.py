@@ -3,11 +3,17 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+from recovery.conf import owner_model_label
+
+# The owner model (settings.THINK_OWNER_MODEL, the chat app's conversation by default) must be created
+# by its app's first migration, as Django asks of a custom AUTH_USER_MODEL.
+OWNER = owner_model_label()
+
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('think_chat', '0001_initial'),
+        (OWNER.split('.')[0], '__first__'),
         ('think_recovery', '0001_initial'),
     ]
 
@@ -29,7 +35,7 @@ class Migration(migrations.Migration):
                 ('attempts', models.IntegerField(default=0)),
                 ('claimed_at', models.DateTimeField(blank=True, null=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alarms', to='think_chat.conversation')),
+                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alarms', to=OWNER)),
             ],
             options={
                 'ordering': ['due_at'],
@@ -56,7 +62,7 @@ class Migration(migrations.Migration):
                 ('oom_attempts', models.IntegerField(default=0)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
-                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to='think_chat.conversation')),
+                ('conversation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='incidents', to=OWNER)),
             ],
             options={
                 'ordering': ['-updated_at'],

@@ -37,8 +37,9 @@ from chat.access import (
     user_principal,
 )
 from chat.agents import open_agent
-from chat.checks import check_think_deploy, check_think_settings
+from chat.checks import check_think_settings
 from chat.models import Conversation, Message
+from recovery.checks import check_recovery_deploy, check_recovery_settings
 from tests.chat.sockets import APPLICATION, TIMEOUT_S, new_name, seed_conversation, stored_state
 from tests.operator_support import terminate_new_backends
 from tests.support import TEST_PRINCIPAL, access_token, user_message
@@ -358,8 +359,6 @@ def test_metrics_want_the_token_when_one_is_set(client: Client, settings: Any) -
         ({"ACCESS_POLICY": "chat.nowhere.Policy"}, "think_chat.E008"),
         ({"ACCESS_POLICY": "chat.access.Credentials"}, "think_chat.E008"),
         ({"ACCESS_POLICY": 42}, "think_chat.E008"),
-        ({"METRICS_TOKEN": ""}, "think_chat.E009"),
-        ({"METRICS_TOKEN": 123}, "think_chat.E009"),
         ({"TOKEN_MAX_AGE_S": 0}, "think_chat.E005"),
     ],
 )
@@ -368,11 +367,17 @@ def test_misconfigured_access_fails_the_checks(settings: Any, think: dict[str, A
     assert [message.id for message in check_think_settings()] == [error_id]
 
 
+@pytest.mark.parametrize("token", ["", 123])
+def test_a_bad_metrics_token_fails_the_recovery_checks(settings: Any, token: Any) -> None:
+    settings.THINK = {**settings.THINK, "METRICS_TOKEN": token}
+    assert [message.id for message in check_recovery_settings()] == ["think_recovery.E004"]
+
+
 def test_the_deploy_check_warns_about_open_metrics(settings: Any) -> None:
     settings.THINK = {**settings.THINK, "METRICS_TOKEN": None}
-    assert [message.id for message in check_think_deploy()] == ["think_chat.W001"]
+    assert [message.id for message in check_recovery_deploy()] == ["think_recovery.W001"]
     settings.THINK = {**settings.THINK, "METRICS_TOKEN": "s3cret"}
-    assert check_think_deploy() == []
+    assert check_recovery_deploy() == []
 
 
 @pytest.mark.django_db

@@ -9,6 +9,7 @@ import pytest
 from chat.models import Conversation, Message
 from chat.transcript.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
 from chat.transcript.services import interactions_settle
+from chat.turn.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
 
 
@@ -89,7 +90,9 @@ def test_the_last_answer_of_a_batch_starts_one_continuation(conversation: Conver
     second = interaction_apply(conversation_id=conversation.pk, update=result("c2", auto=False))
     assert second.continuation_request_id, "a sibling asked for it, so the batch continues"
     fiber = Fiber.objects.get(request_id=second.continuation_request_id)
-    assert fiber.kind == Fiber.Kind.CONTINUE and fiber.snapshot["chat"]["continuation"] is True
+    assert (
+        fiber.kind == TurnKind.CONTINUE and FiberSnapshot.from_json(fiber.snapshot).turn.continuation is True
+    )
     again = interaction_apply(conversation_id=conversation.pk, update=result("c2"))
     assert again.status == "noop" and again.message is None
     assert Fiber.objects.filter(conversation=conversation).count() == 1
@@ -123,4 +126,4 @@ def test_an_answer_that_beats_its_turn_to_the_database_is_applied_when_the_turn_
     stored = Message.objects.get(message_id="a1")
     assert stored.parts[0]["state"] == "output-available" and stored.parts[0]["output"] == 7
     assert conversation.tool_updates == []
-    assert Fiber.objects.filter(conversation=conversation, kind=Fiber.Kind.CONTINUE).count() == 1
+    assert Fiber.objects.filter(conversation=conversation, kind=TurnKind.CONTINUE).count() == 1

@@ -17,9 +17,11 @@ from django.test import override_settings
 from chat.checks import check_think_settings
 from chat.models import Conversation, Message
 from chat.transcript.services import turn_accept
+from chat.turn.snapshot import TurnKind
 from chat.wire import protocol as p
 from chat.wire.limits import TokenBucket, frame_bucket, frame_limits
 from chat.wire.protocol import ChatRequest
+from recovery.checks import check_recovery_settings
 from recovery.fibers import fiber_create
 from recovery.models import Fiber
 from tests.chat.sockets import chat_response, connected, new_name, probe, seed_conversation, stored_state
@@ -76,7 +78,7 @@ def test_a_fractional_frame_rate_is_fine(settings: Any) -> None:
 
 def test_a_timing_of_the_wrong_type_is_reported_not_crashed_on(settings: Any) -> None:
     settings.THINK = think(LEASE_TTL_S="3")
-    assert check_ids() == ["think_chat.E005"]
+    assert [message.id for message in check_recovery_settings()] == ["think_recovery.E001"]
 
 
 def test_frame_limits_follow_the_settings(settings: Any) -> None:
@@ -288,7 +290,7 @@ async def test_a_chat_request_beyond_the_queue_hears_why() -> None:
     conversation_id = await seed_conversation(name, WAITING[:1])
     for n in (1, 2):  # two turns wait behind a busy one
         await database_sync_to_async(fiber_create)(
-            conversation_id=conversation_id, request_id=f"q{n}", kind=Fiber.Kind.CHAT, snapshot=None
+            conversation_id=conversation_id, request_id=f"q{n}", kind=TurnKind.CHAT, snapshot=None
         )
     with (
         override_settings(THINK=think(MAX_QUEUED_TURNS=2)),

@@ -10,6 +10,7 @@ import pytest
 
 import chat.wire.resume
 from chat.models import Conversation, Message
+from chat.turn.snapshot import TurnKind, TurnSnapshot
 from chat.wire.resume import ack_replay, probe_answer
 from recovery.incidents import RECOVERING_FLAG_TTL_MS
 from recovery.models import Fiber, Segment, Stream
@@ -65,9 +66,13 @@ def test_a_terminal_record_is_resumed_for_late_delivery(conversation: Conversati
 
 
 def continuation_stream(conversation: Conversation, owner: str) -> None:
-    snapshot = {"chat": {"requestId": "c1", "continuation": True, "ownerChannel": owner}}
+    snapshot = TurnSnapshot(request_id="c1", continuation=True, owner_channel=owner or None).envelope()
     fiber = Fiber.objects.create(
-        conversation=conversation, request_id="c1", status="running", snapshot=snapshot
+        conversation=conversation,
+        request_id="c1",
+        kind=TurnKind.CONTINUE,
+        status="running",
+        snapshot=snapshot,
     )
     Stream.objects.create(
         conversation=conversation, fiber=fiber, request_id="c1", message_id="m", is_continuation=True

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from chat.turn.snapshot import TurnKind
 from recovery.models import Fiber, Segment
 from tests.agents import tool_runs
 from tests.e2e.js_client import (
@@ -229,7 +230,7 @@ def test_a_client_tool_round_trip(stack: Any, node: str) -> None:
     stored_start = Segment.objects.filter(stream__request_id=continuation_id, seq_start=0).first()
     assert stored_start is not None and stored_start.body.split("\n")[0] == '{"type":"start"}'
     fiber = Fiber.objects.get(request_id=continuation_id)
-    assert fiber.kind == Fiber.Kind.CONTINUE and fiber.status == Fiber.Status.COMPLETED
+    assert fiber.kind == TurnKind.CONTINUE and fiber.status == Fiber.Status.COMPLETED
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from asgiref.sync import sync_to_async
 
 from chat.agents import Think, open_agent
 from chat.exceptions import ConversationBusy
+from chat.turn.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks
 from tests.support import TEST_PRINCIPAL, ChatClient, assistant_text, chat_request, numbers, user_message
@@ -39,9 +40,11 @@ async def test_save_messages_runs_a_turn_inside_a_fiber(stack: Any) -> None:
     messages = await sync_to_async(agent.messages)()
     assert texts(messages) == [("user", "count to 5"), ("assistant", numbers(5))]
     fiber = await Fiber.objects.aget(request_id=result.request_id)
-    assert fiber.kind == Fiber.Kind.PROGRAMMATIC and fiber.status == Fiber.Status.COMPLETED
-    assert fiber.snapshot["chat"]["continuation"] is False
-    assert fiber.snapshot["chat"]["latestUserMessageId"] == messages[0]["id"], "snapshot written first"
+    assert fiber.kind == TurnKind.PROGRAMMATIC and fiber.status == Fiber.Status.COMPLETED
+    assert FiberSnapshot.from_json(fiber.snapshot).turn.continuation is False
+    assert FiberSnapshot.from_json(fiber.snapshot).turn.latest_user_message_id == messages[0]["id"], (
+        "snapshot written first"
+    )
 
 
 async def test_save_messages_with_a_function_sees_the_transcript_its_turn_continues(stack: Any) -> None:
@@ -92,9 +95,11 @@ async def test_continue_last_turn_skips_unless_the_leaf_is_an_assistant_message(
     result = await sync_to_async(agent.continue_last_turn)({"custom": 1}, wait=True, timeout=30)
     assert result.status == "completed"
     fiber = await Fiber.objects.aget(request_id=result.request_id)
-    assert fiber.kind == Fiber.Kind.CONTINUE
-    assert fiber.snapshot["chat"]["continuation"] is True
-    assert fiber.snapshot["chat"]["lastBody"] == {"custom": 1}, "a custom body is the request context"
+    assert fiber.kind == TurnKind.CONTINUE
+    assert FiberSnapshot.from_json(fiber.snapshot).turn.continuation is True
+    assert FiberSnapshot.from_json(fiber.snapshot).turn.last_body == {"custom": 1}, (
+        "a custom body is the request context"
+    )
     stream = await Stream.objects.aget(request_id=result.request_id)
     assert stream.is_continuation
     last_request = scripted_model.requests[-1]["messages"]
@@ -134,7 +139,7 @@ async def test_chat_streams_every_chunk_to_a_callback_and_records_them(stack: An
     assert list(dict.fromkeys(kinds)) == list(dict.fromkeys(c["type"] for c in chunks))
     assert "".join(c.get("delta", "") for c in stored) == numbers(4) and len(stored) < len(chunks)
     fiber = await Fiber.objects.aget(request_id=result.request_id)
-    assert fiber.status == Fiber.Status.COMPLETED and fiber.kind == Fiber.Kind.PROGRAMMATIC
+    assert fiber.status == Fiber.Status.COMPLETED and fiber.kind == TurnKind.PROGRAMMATIC
     messages = await sync_to_async(agent.messages)()
     assert assistant_text(messages) == numbers(4) and result.message == messages[-1]
 
@@ -161,7 +166,9 @@ async def test_stash_works_in_save_messages_and_chat_turns(stack: Any, path: str
     assert result.status == "completed"
     fiber = await Fiber.objects.aget(request_id=result.request_id)
     assert fiber.snapshot["user"] == {"tag": "t", "note": "keep me"}
-    assert fiber.snapshot["chat"]["requestId"] == result.request_id, "the turn's own snapshot is kept"
+    assert FiberSnapshot.from_json(fiber.snapshot).turn.request_id == result.request_id, (
+        "the turn's own snapshot is kept"
+    )
 
 
 def test_stash_outside_a_turn_is_an_error() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
+from chat.turn.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber, Incident, Segment, Stream
 from tests.agents import probe_key, probe_redis
 from tests.support import (
@@ -178,7 +179,7 @@ def make_interrupted_turn(
         conversation=conversation,
         request_id=request_id,
         status=Fiber.Status.RUNNING,
-        snapshot=snapshot,
+        snapshot=snapshot.envelope(),
         fencing=1,
         lease_owner="dead-worker",
         lease_expires_at=timezone.now() - timedelta(seconds=1),
@@ -236,9 +237,9 @@ async def test_pre_stream_interruption_is_retried_without_duplicating_the_user_m
     (seen,) = recovery_contexts(name)
     assert seen["kind"] == "retry" and seen["stream_id"] == "" and seen["attempt"] == 1
     assert seen["incident_id"] == f"{request_id}:{user_id}"
-    retry = await Fiber.objects.filter(conversation__name=name, kind=Fiber.Kind.RETRY).afirst()
+    retry = await Fiber.objects.filter(conversation__name=name, kind=TurnKind.RETRY).afirst()
     assert retry is not None and retry.status == Fiber.Status.COMPLETED
-    assert retry.snapshot["chat"]["recoveryRootRequestId"] == request_id
+    assert FiberSnapshot.from_json(retry.snapshot).turn.recovery_root_request_id == request_id
 
 
 async def test_an_opened_but_empty_stream_is_retried_not_dropped(recovery_stack: Any) -> None:

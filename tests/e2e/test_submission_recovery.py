@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from chat.agents import open_agent
+from chat.turn.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
 from tests.support import TEST_PRINCIPAL, assistant_text, numbers, wait_until
 
@@ -55,6 +56,8 @@ def test_an_in_flight_submission_is_continued_to_completion(
     row = agent.get_submission(result.submission_id)
     assert (row.status, row.error) == ("completed", "")
     chain = Fiber.objects.filter(conversation_id=agent.conversation_id).order_by("created_at")
-    assert [f.kind for f in chain][:2] == [Fiber.Kind.PROGRAMMATIC, Fiber.Kind.CONTINUE]
-    assert all(f.snapshot["chat"]["recoveryRootRequestId"] == result.request_id for f in chain)
+    assert [f.kind for f in chain][:2] == [TurnKind.PROGRAMMATIC, TurnKind.CONTINUE]
+    assert all(
+        FiberSnapshot.from_json(f.snapshot).turn.recovery_root_request_id == result.request_id for f in chain
+    )
     assert assistant_text(agent.messages()) == numbers(200)

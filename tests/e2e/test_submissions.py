@@ -20,6 +20,7 @@ from chat.transcript.submissions import (
     SubmissionNotFound,
     submissions_sweep,
 )
+from chat.turn.snapshot import FiberSnapshot
 from recovery.models import Fiber, Segment
 from tests.support import TEST_PRINCIPAL, ChatClient, chat_request, numbers, user_message, wait_until
 
@@ -64,7 +65,7 @@ def test_a_submission_is_accepted_then_drained_and_completed(transactional_db: A
     assert row.started_at is not None and row.messages_applied_at is not None and row.finished_at is not None
     assert [m["role"] for m in agent.messages()] == ["user", "assistant"]
     fiber = Fiber.objects.get(request_id=result.request_id)
-    assert fiber.snapshot["chat"]["submissionId"] == result.submission_id
+    assert FiberSnapshot.from_json(fiber.snapshot).turn.submission_id == result.submission_id
 
 
 @pytest.mark.usefixtures("stack")

@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Conversation
+from chat.turn.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
 from tests.agents import tool_runs
 from tests.support import (
@@ -156,7 +157,9 @@ async def test_a_client_tool_round_trip_continues_automatically(stack: Any) -> N
     assert assistant_text(messages) == stream.text
     assert [p["type"] for p in messages[1]["parts"]][-1] == "text"
     fiber = await Fiber.objects.aget(request_id=continuation_id)
-    assert fiber.kind == Fiber.Kind.CONTINUE and fiber.snapshot["chat"]["continuation"] is True
+    assert (
+        fiber.kind == TurnKind.CONTINUE and FiberSnapshot.from_json(fiber.snapshot).turn.continuation is True
+    )
 
 
 async def test_a_duplicate_or_unknown_tool_result_changes_nothing(stack: Any) -> None:

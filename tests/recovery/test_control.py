@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from chat.checks import check_think_settings
 from recovery import control
+from recovery.checks import check_recovery_settings
 from recovery.fibers import fiber_claim, fiber_request_cancel
 from tests.recovery.test_engine_store import make_conversation, make_fiber
 
@@ -65,4 +65,4 @@ def test_signals_can_be_turned_off(settings: Any) -> None:
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_cancel_signals_must_be_a_boolean(settings: Any, value: Any) -> None:
     settings.THINK = {**settings.THINK, "CANCEL_SIGNALS": value}
-    assert [message.id for message in check_think_settings()] == ["think_chat.E010"]
+    assert [message.id for message in check_recovery_settings()] == ["think_recovery.E003"]

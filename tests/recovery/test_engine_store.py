@@ -40,8 +40,9 @@ from chat.turn.interrupted import (
     conversation_set_recovering,
     load_target,
     orphan_persist,
-    unwrap_snapshot,
 )
+from chat.turn.runner import CLAIM_FIELDS
+from chat.turn.snapshot import TurnKind
 from chat.wire.protocol import encode_chunk
 from recovery.alarms import (
     ALARM_CLAIM_TTL,
@@ -53,7 +54,7 @@ from recovery.alarms import (
 from recovery.detection import HANDLING_TTL, RECOVERY_OWNER, fiber_interrupt, fiber_release, tick_claim
 from recovery.engine import recover_fiber
 from recovery.exceptions import LeaseLost
-from recovery.fibers import Claim, fiber_claim, fiber_finish, fiber_request_cancel, lease_ttl
+from recovery.fibers import STASH_SLOT, Claim, fiber_claim, fiber_finish, fiber_request_cancel, lease_ttl
 from recovery.incident_store import (
     incident_begin,
     incident_get,
@@ -105,14 +106,14 @@ def make_fiber(
     request_id = request_id or f"req-{uuid.uuid4().hex[:8]}"
     conversation.refresh_from_db()
     snapshot = turn_snapshot(conversation=conversation, request_id=request_id, continuation=continuation)
-    snapshot["user"] = stash
+    stored = {**snapshot.envelope(), STASH_SLOT: stash}
     return Fiber.objects.create(
-        conversation=conversation, request_id=request_id, kind=Fiber.Kind.CHAT, snapshot=snapshot
+        conversation=conversation, request_id=request_id, kind=TurnKind.CHAT, snapshot=stored
     )
 
 
 def claim(fiber: Fiber, *, owner: str = "worker-1") -> Claim:
-    claimed = fiber_claim(fiber_id=fiber.pk, owner=owner)
+    claimed = fiber_claim(fiber_id=fiber.pk, owner=owner, fields=CLAIM_FIELDS)
     assert claimed is not None
     return claimed
 
@@ -894,48 +895,6 @@ def test_fiber_claims_happen_in_acceptance_order() -> None:
 # --------------------------------------------------------------------------------------------------------
 # 5. Recovery state: the snapshot, the classification and the orphan
 # --------------------------------------------------------------------------------------------------------
-
-
-def envelope(**changes: Any) -> dict[str, Any]:
-    chat = {"kind": "think-chat-turn", "version": 1, "requestId": "req-1", "continuation": False}
-    return {"chat": {**chat, **changes}, "user": {"stashed": True}}
-
-
-def test_unwrap_snapshot_accepts_the_versioned_envelope_and_returns_the_stash() -> None:
-    wrapped = envelope(latestUserMessageId="u-1")
-
-    snapshot, stash = unwrap_snapshot(wrapped)
-
-    assert snapshot == wrapped["chat"]
-    assert stash == {"stashed": True}
-
-
-@pytest.mark.parametrize(
-    "broken",
-    [
-        pytest.param(envelope(kind="ai-chat-turn"), id="wrong-kind"),
-        pytest.param(envelope(version=2), id="future-version"),
-        pytest.param(envelope(version="1"), id="version-as-string"),
-        pytest.param(
-            {"chat": {"kind": "think-chat-turn", "version": 1, "continuation": False}}, id="no-request-id"
-        ),
-        pytest.param(envelope(requestId=7), id="request-id-not-a-string"),
-        pytest.param(envelope(continuation="false"), id="continuation-not-a-bool"),
-        pytest.param({"chat": "think-chat-turn"}, id="chat-not-an-object"),
-    ],
-)
-def test_unwrap_snapshot_rejects_anything_but_the_versioned_envelope(broken: dict[str, Any]) -> None:
-    snapshot, _ = unwrap_snapshot(broken)
-
-    assert snapshot is None
-
-
-@pytest.mark.parametrize(
-    "legacy",
-    [None, "raw stash", 42, ["a", "b"], {"step": 3}, {"__cfThinkChatFiberSnapshot": {"version": 1}}],
-)
-def test_unwrap_snapshot_returns_a_legacy_raw_stash_as_is(legacy: Any) -> None:
-    assert unwrap_snapshot(legacy) == (None, legacy)
 
 
 @pytest.mark.django_db

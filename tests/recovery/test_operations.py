@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from chat.models import Conversation
 from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK
+from chat.turn.snapshot import TurnKind
 from recovery import operations
 from recovery.detection import HANDLING_TTL, RECOVERY_OWNER
 from recovery.fibers import fiber_claim, fiber_heartbeat
@@ -223,7 +224,7 @@ def incident_with_pending_recovery(conversation: Conversation) -> tuple[Incident
     queued = make_fiber(
         conversation,
         Fiber.Status.PENDING,
-        kind=Fiber.Kind.CONTINUE,
+        kind=TurnKind.CONTINUE,
         snapshot={"chat": {"incidentId": incident.incident_id}},
     )
     return incident, alarm, queued

@@ -1,0 +1,105 @@
+"""System checks of the recovery layer: its keys of the THINK dict and its owner model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import Warning as CheckWarning
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models
+
+from .conf import owner_model_label, setting
+
+POSITIVE_NUMBERS = (
+    "FLUSH_EVERY_CHUNKS",
+    "FLUSH_INTERVAL_MS",
+    "LEASE_TTL_S",
+    "HEARTBEAT_INTERVAL_S",
+    "RECOVERY_TICK_S",
+)
+
+
+@register()
+def check_recovery_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [*_check_numbers(), *_check_switches(), *_check_owner()]
+
+
+@register(Tags.security, deploy=True)
+def check_recovery_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if setting("METRICS_TOKEN"):
+        return []
+    return [
+        CheckWarning(
+            "GET /metrics is open to anyone who can reach it (THINK['METRICS_TOKEN'] is not set).",
+            hint="Set THINK['METRICS_TOKEN'] (the scraper sends it as a bearer token), or keep the "
+            "metrics URL off the public network.",
+            id="think_recovery.W001",
+        )
+    ]
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _check_numbers() -> list[CheckMessage]:
+    errors: list[CheckMessage] = [
+        Error(f"THINK[{key!r}] must be a positive number, got {value!r}.", id="think_recovery.E001")
+        for key in POSITIVE_NUMBERS
+        if not _positive_number(value := setting(key))
+    ]
+    threads = setting("DB_THREADS")
+    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads > 0):
+        errors.append(
+            Error(
+                f"THINK['DB_THREADS'] must be a positive integer, got {threads!r}.", id="think_recovery.E001"
+            )
+        )
+    heartbeat, ttl = setting("HEARTBEAT_INTERVAL_S"), setting("LEASE_TTL_S")
+    if _positive_number(heartbeat) and _positive_number(ttl) and heartbeat >= ttl:
+        errors.append(
+            Error(
+                "THINK['HEARTBEAT_INTERVAL_S'] must be shorter than THINK['LEASE_TTL_S'].",
+                hint="A lease that is renewed less often than it expires is always expired.",
+                id="think_recovery.E002",
+            )
+        )
+    return errors
+
+
+def _check_switches() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    if not isinstance(setting("CANCEL_SIGNALS"), bool):
+        errors.append(Error("THINK['CANCEL_SIGNALS'] must be True or False.", id="think_recovery.E003"))
+    token = setting("METRICS_TOKEN")
+    if token is not None and not (isinstance(token, str) and token):
+        errors.append(
+            Error("THINK['METRICS_TOKEN'] must be None or a non-empty string.", id="think_recovery.E004")
+        )
+    return errors
+
+
+def _check_owner() -> list[CheckMessage]:
+    """The owner model must carry the progress counter the stream's writes credit (recovery.stream) and
+    the budget reads (recovery.incident_store). Django itself reports an owner that is not installed."""
+    label = owner_model_label()
+    try:
+        owner = apps.get_model(label)
+    except (LookupError, ValueError):
+        return []  # fields.E300 on the recovery models says it
+    try:
+        progress = owner._meta.get_field("progress")
+    except FieldDoesNotExist:
+        progress = None
+    if not isinstance(progress, models.BigIntegerField):
+        return [
+            Error(
+                f"The owner model {label} (settings.THINK_OWNER_MODEL) has no BigIntegerField 'progress'.",
+                hint="The recovery layer credits streamed work to it and its budget reads it: add "
+                "`progress = models.BigIntegerField(default=0)` to the owner model.",
+                id="think_recovery.E005",
+            )
+        ]
+    return []
