@@ -3,12 +3,19 @@ layer checks its own keys, recovery.checks)."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, register
 from django.utils.module_loading import import_string
 
+from recovery.incidents import ChatRecovery
+
+from .agents import MESSAGE_CONCURRENCY_POLICIES, Think, _plain_attribute
 from .conf import think_setting
+from .turn.overflow import ContextOverflow
+from .turn.tools import Tool
 
 POSITIVE_NUMBERS = ("STREAM_SILENCE_MS", "TOKEN_MAX_AGE_S", "MAX_FRAMES_PER_S")
 POSITIVE_INTEGERS = (
@@ -55,7 +62,7 @@ def _check_agents() -> list[CheckMessage]:
         return [
             Error("THINK['AGENTS'] must be a non-empty dict of name -> dotted path.", id="think_chat.E001")
         ]
-    from .agents import Think, kebab
+    from .agents import kebab
 
     errors: list[CheckMessage] = []
     for name, path in agents.items():
@@ -74,7 +81,9 @@ def _check_agents() -> list[CheckMessage]:
             continue
         if not (isinstance(cls, type) and issubclass(cls, Think)):
             errors.append(Error(f"Agent {name!r}: {path!r} is not a Think subclass.", id="think_chat.E004"))
-        elif cls.get_model is Think.get_model and not think_setting("MODEL"):
+            continue
+        errors.extend(cls.check(label=name))
+        if cls.get_model is Think.get_model and cls.model is None and not think_setting("MODEL"):
             errors.append(
                 Error(
                     f"Agent {name!r} has no model: THINK['MODEL'] is not set and {path} does not override"
@@ -108,3 +117,88 @@ def _check_limits() -> list[CheckMessage]:
         for key in POSITIVE_INTEGERS
         if not (isinstance(value := think_setting(key), int) and not isinstance(value, bool) and value > 0)
     ]
+
+
+def think_class_errors(cls: type[Think], *, label: str) -> list[CheckMessage]:
+    """What is wrong with an agent class's options and hooks (Think.check)."""
+    found: list[tuple[str, str, str | None]] = [*_option_errors(cls), *_hook_errors(cls)]
+    return [
+        Error(f"Agent {label!r} ({cls.__qualname__}): {message}", hint=hint, obj=cls, id=error_id)
+        for message, error_id, hint in found
+    ]
+
+
+def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
+    found: list[tuple[str, str, str | None]] = []
+    stall = cls.chat_stream_stall_timeout_ms
+    if isinstance(stall, bool) or not isinstance(stall, int) or stall < 0:
+        found.append(
+            (f"chat_stream_stall_timeout_ms must be an int >= 0 (0 = off), got {stall!r}.", "E012", None)
+        )
+    steps = cls.max_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        found.append((f"max_steps must be an int >= 1, got {steps!r}.", "E013", None))
+    if cls.message_concurrency not in MESSAGE_CONCURRENCY_POLICIES:
+        policy = cls.message_concurrency
+        found.append(
+            (f"message_concurrency must be 'queue', 'latest' or 'drop', got {policy!r}.", "E014", None)
+        )
+    if not isinstance(cls.chat_recovery, ChatRecovery | bool | None):
+        recovery = cls.chat_recovery
+        found.append(
+            (f"chat_recovery must be a ChatRecovery, True, False or None, got {recovery!r}.", "E015", None)
+        )
+    overflow = cls.context_overflow
+    if not isinstance(overflow, ContextOverflow | None):
+        found.append((f"context_overflow must be a ContextOverflow or None, got {overflow!r}.", "E016", None))
+    elif overflow is not None and not _compacts(cls):
+        hint = "Set `compaction = create_compact_function()` (or session.on_compaction in configure_session)."
+        found.append(("context_overflow needs a compaction function, and the agent has none.", "E017", hint))
+    compaction = _plain_attribute(cls, "compaction")
+    if compaction is not None and not callable(compaction):
+        found.append((f"compaction must be a function or None, got {compaction!r}.", "E018", None))
+    tools = cls.tools
+    if not _tool_list(tools):
+        found.append(
+            (f"tools must be a list of Tool objects (made with @tool), got {tools!r}.", "E019", None)
+        )
+    model = cls.model
+    if not (
+        model is None or (isinstance(model, str) and model) or (isinstance(model, dict) and "model" in model)
+    ):
+        found.append((f"model must be a model string or a dict with 'model', got {model!r}.", "E020", None))
+    if not isinstance(cls.system_prompt, str | None):
+        found.append((f"system_prompt must be a string or None, got {cls.system_prompt!r}.", "E021", None))
+    return [(message, f"think_chat.{error_id}", hint) for message, error_id, hint in found]
+
+
+def _hook_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
+    found: list[tuple[str, str, str | None]] = []
+    if inspect.iscoroutinefunction(cls.should_keep_recovering):
+        found.append(("should_keep_recovering must be synchronous (not async def).", "think_chat.E022", None))
+    classifier = inspect.getattr_static(cls, "classify_chat_error")
+    if inspect.isfunction(classifier) and next(iter(inspect.signature(classifier).parameters), "") != "self":
+        found.append(
+            (
+                "classify_chat_error is a plain function in the class body: it would be called as a method.",
+                "think_chat.E023",
+                "Define `def classify_chat_error(self, error, ctx)`, or assign one of the callable "
+                "classifiers (default_chat_error_classifier, default_context_overflow_classifier).",
+            )
+        )
+    return found
+
+
+def _tool_list(tools: Any) -> bool:
+    if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
+        return False
+    return all(isinstance(item, Tool) for item in tools)
+
+
+def _compacts(cls: type[Think]) -> bool:
+    """Whether the agent can compact: a compaction function, or its own session set-up or getter."""
+    return (
+        _plain_attribute(cls, "compaction") is not None
+        or cls.configure_session is not Think.configure_session
+        or cls.get_compaction is not Think.get_compaction
+    )

@@ -1,4 +1,5 @@
-"""Programmatic turns: `save_messages`, `continue_last_turn`, `chat()` and waiting for a turn's outcome.
+"""A conversation for code outside its turns: the handle `open_agent()` returns, and the programmatic
+turns behind it (`save_messages`, `continue_last_turn`, `chat()`, waiting for a turn's outcome).
 
 Each starts a turn inside a fiber, exactly like a WebSocket turn, so a crash or a deploy is recovered
 the same way. A turn's outcome follows its recovery chain: a turn that was interrupted and continued
@@ -7,6 +8,7 @@ ends with the outcome of the continuation that finished it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
@@ -21,7 +23,7 @@ from recovery.fibers import conversation_busy
 from recovery.models import Alarm, Fiber, Incident
 
 from .exceptions import ConversationBusy, ProtocolError
-from .models import Conversation
+from .models import Conversation, Submission
 from .turn.snapshot import TurnKind, TurnSnapshot
 from .wire.protocol import validate_ui_message
 
@@ -34,6 +36,7 @@ POLL_S = 0.1
 
 if TYPE_CHECKING:
     from .agents import ChunkCallback, Think
+    from .transcript.submissions import SubmitResult
 
 Messages = list[dict[str, Any]]
 MessagesOrFunction = Messages | Callable[[Messages], Messages]
@@ -186,7 +189,7 @@ class ChatResult:
 
 
 async def chat_run(
-    agent: Think, messages: Any, *, on_chunk: ChunkCallback | None, timeout: float | None
+    handle: AgentHandle, messages: Any, *, on_chunk: ChunkCallback | None, timeout: float | None
 ) -> ChatResult:
     """Run a programmatic turn on this event loop; recovery takes over if this process dies."""
     from recovery.runtime import db
@@ -194,7 +197,7 @@ async def chat_run(
     from .transcript.selectors import messages_list
     from .turn.runner import turn_run
 
-    conversation_id = agent._require_conversation()
+    conversation_id = handle.conversation_id
     started = await db(
         turn_start_programmatic,
         conversation_id=conversation_id,
@@ -214,3 +217,165 @@ async def chat_run(
     transcript = await db(messages_list, conversation_id=conversation_id)
     last = transcript[-1] if transcript and transcript[-1]["role"] == "assistant" else None
     return ChatResult(started.request_id, result.status, last)
+
+
+class AgentHandle:
+    """One conversation of an agent, for code outside its turns: what `open_agent()` returns.
+
+    It reads the transcript, waits for the conversation to settle and starts turns (`save_messages`,
+    `continue_last_turn`, `chat()`, durable submissions). Every turn it starts runs inside a fiber,
+    exactly like a WebSocket turn, so a crash is recovered the same way.
+    """
+
+    def __init__(self, agent: Think) -> None:
+        if agent.conversation_id is None:
+            raise ValueError(f"{type(agent).__name__} is not bound to a conversation")
+        self.agent = agent
+        self.conversation_id: int = agent.conversation_id
+
+    @property
+    def name(self) -> str:
+        return self.agent.name
+
+    def __repr__(self) -> str:
+        return f"<AgentHandle {self.agent.agent}/{self.agent.name}>"
+
+    # -- the transcript and its state -------------------------------------------------------------------
+    def messages(self) -> list[dict[str, Any]]:
+        """The stored transcript, as UIMessages."""
+        from .transcript.selectors import messages_list
+
+        return messages_list(conversation_id=self.conversation_id)
+
+    def has_pending_interaction(self, extra: list[dict[str, Any]] | None = None) -> bool:
+        """True while a human must act: an approval is requested or a client tool awaits its result.
+
+        `extra` adds messages not stored yet (the partial of an interrupted turn).
+        """
+        from .transcript.repair import pending_interaction
+
+        conversation = Conversation.objects.only("last_client_tools").get(pk=self.conversation_id)
+        tools = conversation.last_client_tools or []
+        client_tools = {str(t.get("name")) for t in tools if isinstance(t, dict)}
+        return pending_interaction([*self.messages(), *(extra or [])], client_tools)
+
+    def is_idle(self) -> bool:
+        """No turn of this conversation is queued or running."""
+        return not conversation_busy(self.conversation_id)
+
+    def wait_until_stable(self, timeout: float | None = None) -> bool:
+        """Wait until no turn runs and no human is pending; False when `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.is_idle() and not self.has_pending_interaction():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+
+    async def await_stable(self, timeout: float | None = None) -> bool:
+        """wait_until_stable for async callers (the recovery alarms)."""
+        from recovery.runtime import db
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if await db(self.is_idle) and not await db(self.has_pending_interaction):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)
+
+    # -- turns ------------------------------------------------------------------------------------------
+    def save_messages(
+        self, messages: MessagesOrFunction, *, wait: bool = True, timeout: float | None = None
+    ) -> TurnResult:
+        """Append messages (a list, or a function of the current transcript) and run a turn.
+
+        Waits for a running turn to finish first. With `wait`, returns the outcome (`completed`, `error`,
+        `aborted`), following any recovery of the turn; otherwise `accepted` at once.
+        """
+        started = turn_start_programmatic(
+            conversation_id=self.conversation_id, messages=messages, timeout=timeout
+        )
+        if not wait:
+            return started
+        return turn_wait(conversation_id=self.conversation_id, request_id=started.request_id, timeout=timeout)
+
+    def continue_last_turn(
+        self, body: dict[str, Any] | None = None, *, wait: bool = False, timeout: float | None = None
+    ) -> TurnResult:
+        """Continue the last assistant message in a new turn that extends it.
+
+        Skipped (request id "") unless the last message is an assistant message.
+        """
+        from .transcript.services import turn_start_recovered
+
+        started = turn_start_recovered(
+            conversation_id=self.conversation_id,
+            kind=TurnKind.CONTINUE,
+            root_request_id="",
+            incident_id=None,
+            last_body=body,
+        )
+        if started.status == "skipped":
+            return TurnResult("", "skipped")
+        if not wait:
+            return TurnResult(started.request_id, "accepted")
+        return turn_wait(conversation_id=self.conversation_id, request_id=started.request_id, timeout=timeout)
+
+    async def achat(
+        self, messages: Any, *, on_chunk: ChunkCallback | None = None, timeout: float | None = None
+    ) -> ChatResult:
+        """Run a turn in this process, streaming each UI chunk to `on_chunk` (sync or async).
+
+        The turn is durable like any other: if this process dies, recovery finishes it on a worker.
+        """
+        return await chat_run(self, messages, on_chunk=on_chunk, timeout=timeout)
+
+    def chat(
+        self, messages: Any, *, on_chunk: ChunkCallback | None = None, timeout: float | None = None
+    ) -> ChatResult:
+        """achat() for synchronous callers (a view, a management command, a Celery task)."""
+        from recovery import runtime
+
+        return runtime.run(self.achat(messages, on_chunk=on_chunk, timeout=timeout))
+
+    # -- durable submissions ----------------------------------------------------------------------------
+    def submit_messages(
+        self,
+        messages: Any,
+        *,
+        submission_id: str | None = None,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SubmitResult:
+        """Accept messages durably and run them as a turn when the conversation is free (idempotent)."""
+        from .transcript.submissions import submission_create
+
+        return submission_create(
+            conversation_id=self.conversation_id,
+            messages=messages,
+            submission_id=submission_id,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+        )
+
+    def cancel_submission(self, submission_id: str) -> bool:
+        """Abort a pending or running submission; False when it had already ended."""
+        from .transcript.submissions import submission_cancel
+
+        return submission_cancel(conversation_id=self.conversation_id, submission_id=submission_id)
+
+    def get_submission(self, submission_id: str) -> Submission:
+        from .transcript.submissions import submission_get
+
+        return submission_get(conversation_id=self.conversation_id, submission_id=submission_id)
+
+    def list_submissions(self) -> list[Submission]:
+        return list(Submission.objects.filter(conversation_id=self.conversation_id))
+
+    def delete_submission(self, submission_id: str) -> bool:
+        """Delete a finished submission (open ones are kept: False)."""
+        from .transcript.submissions import submission_delete
+
+        return submission_delete(conversation_id=self.conversation_id, submission_id=submission_id)

@@ -24,7 +24,6 @@ from chat.agents import (
     current_agent,
     tool,
 )
-from chat.transcript.compaction import Session
 from thinkproject.agents import Assistant
 
 
@@ -146,9 +145,7 @@ class ToolAgent(Think):
     (a window to kill the worker in); `ask_user` calls interrupted mid-way become a text part."""
 
     chat_recovery = ChatRecovery(max_attempts=5, stable_timeout_ms=1500, no_progress_timeout_ms=60_000)
-
-    def get_tools(self) -> list[Tool]:
-        return [add, lookup, explode, delete_file]
+    tools = [add, lookup, explode, delete_file]
 
     async def on_step_finish(self, step: StepResult) -> None:
         if self.name.startswith("hold-") and step.tool_calls:
@@ -170,8 +167,7 @@ def remember(tag: str, note: str) -> str:
 
 
 class StashAgent(Think):
-    def get_tools(self) -> list[Tool]:
-        return [remember]
+    tools = [remember]
 
 
 def record_chat_error(agent: Think, error: Any, ctx: ChatErrorContext) -> str:
@@ -184,9 +180,8 @@ class ReactiveAgent(Think):
     """Reactive overflow recovery: compacts everything but the first message and the newest turn."""
 
     context_overflow = ContextOverflow(reactive=True)
-
-    def configure_session(self, session: Session) -> None:
-        session.on_compaction(create_compact_function(protect_head=1, tail_tokens=60, min_tail_messages=1))
+    # A plain function as a class attribute: the session gets it as it is, not as a method.
+    compaction = create_compact_function(protect_head=1, tail_tokens=60, min_tail_messages=1)
 
     def on_chat_error(self, error: Any, ctx: ChatErrorContext) -> Any:
         return record_chat_error(self, error, ctx)
@@ -196,9 +191,7 @@ class ProactiveAgent(ReactiveAgent):
     """Proactive only: compacts before a step whose previous step used 90% of 300 tokens."""
 
     context_overflow = ContextOverflow(proactive=Proactive(max_input_tokens=300))
-
-    def get_tools(self) -> list[Tool]:
-        return [add]
+    tools = [add]
 
 
 class BothLayersAgent(ProactiveAgent):

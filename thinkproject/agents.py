@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.agents import Think, Tool, tool
+from chat.agents import Think, tool
 
 
 @tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
@@ -32,8 +32,5 @@ class Assistant(Think):
     """The demo agent: THINK["MODEL"] (the scripted model unless THINK_MODEL names another), a short system
     prompt, and two demo tools (one needs approval); the page adds its client tools."""
 
-    def get_system_prompt(self) -> str | None:
-        return "You are a helpful assistant."
-
-    def get_tools(self) -> list[Tool]:
-        return [get_weather, send_email]
+    system_prompt = "You are a helpful assistant."
+    tools = [get_weather, send_email]

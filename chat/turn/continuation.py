@@ -23,7 +23,6 @@ from recovery.incidents import (
     ChatRecovery,
     Incident,
     reschedule_after_stable_timeout,
-    resolve_chat_recovery,
     schedule_is_idempotent,
 )
 from recovery.models import Alarm, Fiber
@@ -31,7 +30,7 @@ from recovery.models import Incident as IncidentRow
 from recovery.runtime import db
 from recovery.targets import recovery_target
 
-from ..agents import Think, agent_for
+from ..agents import Think, agent_for, recovery_config
 from ..exceptions import UnknownAgent
 from ..models import Conversation
 from ..transcript.services import turn_start_recovered
@@ -51,7 +50,7 @@ class _Callback:
         self.data = data
         self.callback = callback
         self.agent: Think = agent_for(conversation.agent, conversation.name, conversation.pk)
-        self.config: ChatRecovery = resolve_chat_recovery(self.agent.chat_recovery)
+        self.config: ChatRecovery = recovery_config(self.agent)
         self.incident_id: str = str(data.get("incidentId") or "")
 
     def emit(self, event_type: str, payload: dict[str, Any]) -> None:
@@ -78,7 +77,7 @@ class _Callback:
 
     async def run(self) -> None:
         try:
-            if not await self.agent.await_stable(self.config.stable_timeout_ms / 1000):
+            if not await self.agent.handle.await_stable(self.config.stable_timeout_ms / 1000):
                 await self.not_stable()
                 return
             await self.start_turn()
@@ -87,7 +86,7 @@ class _Callback:
             await self.give_up("recovery_error")
 
     async def not_stable(self) -> None:
-        if await db(self.agent.has_pending_interaction):
+        if await db(self.agent.handle.has_pending_interaction):
             # Park: a human is pending, which costs no budget; their answer resumes the turn.
             await self.set_status("skipped", "awaiting_client_interaction")
             return
@@ -109,7 +108,7 @@ class _Callback:
         )
 
     async def start_turn(self) -> None:
-        messages = await db(self.agent.messages)
+        messages = await db(self.agent.handle.messages)
         leaf = messages[-1] if messages else None
         if self.callback == CONTINUE_CALLBACK:
             target = self.data.get("targetAssistantId")

@@ -22,14 +22,14 @@ from recovery import diagnostics
 from recovery import engine as recovery_engine
 from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
 from recovery.fibers import conversation_busy
-from recovery.incidents import RECOVERING_FLAG_TTL_MS, ChatRecovery, Incident, resolve_chat_recovery
+from recovery.incidents import RECOVERING_FLAG_TTL_MS, ChatRecovery, Incident
 from recovery.models import Fiber, Stream
 from recovery.models import Incident as IncidentRow
 from recovery.runtime import db
 from recovery.stream import stream_close
 from recovery.targets import RecoveryTarget
 
-from ..agents import Think, agent_for
+from ..agents import Think, agent_for, recovery_config
 from ..models import Conversation
 from ..tasks import run_turn
 from ..transcript.folding import MessageAccumulator
@@ -153,7 +153,7 @@ class InterruptedTurn:
 
     def with_agent(self, agent: Think | None = None) -> InterruptedTurn:
         self.agent = agent or agent_for(self.conversation.agent, self.conversation.name, self.conversation.pk)
-        self.chat_recovery = resolve_chat_recovery(self.agent.chat_recovery)
+        self.chat_recovery = recovery_config(self.agent)
         return self
 
 
@@ -326,7 +326,7 @@ class ChatTarget(RecoveryTarget):
         # The partial counts: a client tool call it holds is pending even before it is stored.
         partial = [work.partial.message()] if work.partial.has_content else None
         assert work.agent is not None
-        return bool(await db(work.agent.has_pending_interaction, partial))
+        return bool(await db(work.agent.handle.has_pending_interaction, partial))
 
     async def hook(self, work: Any, incident: Incident) -> ChatRecoveryOptions | None:
         assert work.agent is not None

@@ -277,7 +277,7 @@ class TurnRunner:
 
     async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
         toolset = Toolset(agent.get_tools(), self.client_tools)
-        overflow = agent.context_overflow
+        overflow = agent.get_context_overflow()
         attempt = 0
         while True:
             messages = await self._repair(agent, messages)
@@ -326,7 +326,7 @@ class TurnRunner:
 
     async def _overflow_retry(self, agent: Think, error: Exception, attempt: int) -> bool:
         """Reactive layer: drop the partial, compact, and run the same turn again."""
-        overflow = agent.context_overflow
+        overflow = agent.get_context_overflow()
         if overflow is None or not overflow.reactive or isinstance(error, LeaseLost | StreamStalled):
             return False
         if classify(agent, error, stage="stream", request_id=self.request_id) != CONTEXT_OVERFLOW:

@@ -161,8 +161,7 @@ def test_the_overflow_classifier_alone_does_not_classify_rate_limits_or_transien
     assert default_context_overflow_classifier(error) is None
 
 
-def test_think_uses_it_by_default_unbound() -> None:
-    assert Think.classify_chat_error is default_chat_error_classifier
+def test_think_uses_it_by_default() -> None:
     agent = Think(agent="a", name="n")
     error = litellm.RateLimitError("slow down", llm_provider="openai", model="m")
     assert classify(agent, error, stage="stream", request_id="r") == "rate_limit"

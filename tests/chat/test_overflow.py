@@ -109,8 +109,9 @@ def test_invalid_settings_are_refused_with_a_message(factory: Any, message: str)
         factory()
 
 
-def test_a_wrong_type_on_the_agent_is_refused_at_class_definition() -> None:
-    with pytest.raises(TypeError, match="context_overflow must be a ContextOverflow"):
+def test_a_wrong_type_on_the_agent_is_reported_by_the_checks() -> None:
+    class Wrong(Think):
+        context_overflow = True  # type: ignore[assignment]
 
-        class Wrong(Think):
-            context_overflow = True  # type: ignore[assignment]
+    [error] = Wrong.check()
+    assert error.id == "think_chat.E016" and "context_overflow must be a ContextOverflow" in error.msg

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from chat.agents import Think
-from chat.handle import chain_outcome
+from chat.handle import AgentHandle, chain_outcome
 from chat.models import Conversation, Message
 from chat.transcript.interactions import interaction_apply
 from recovery.models import Alarm, Fiber, Incident
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CLIENT_TOOLS = [{"name": "get_location"}]
 
 
-def make(parts: list[dict[str, Any]], *, client_tools: list[dict[str, Any]] | None = None) -> Think:
+def make(parts: list[dict[str, Any]], *, client_tools: list[dict[str, Any]] | None = None) -> AgentHandle:
     conversation = Conversation.objects.create(agent="assistant", name=f"s-{time.monotonic_ns()}")
     conversation.last_client_tools = client_tools
     conversation.save()
@@ -27,7 +27,7 @@ def make(parts: list[dict[str, Any]], *, client_tools: list[dict[str, Any]] | No
     Message.objects.create(
         conversation=conversation, message_id="a", role="assistant", parts=parts, position=1
     )
-    return Think(agent="assistant", name=conversation.name, conversation_id=conversation.pk)
+    return Think(agent="assistant", name=conversation.name, conversation_id=conversation.pk).handle
 
 
 def tool(name: str, state: str, call: str = "c1") -> dict[str, Any]:
