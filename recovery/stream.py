@@ -31,22 +31,6 @@ from .models import Fiber, Segment, Stream, owner_model
 
 logger = logging.getLogger(__name__)
 
-MILESTONE_CHUNKS = frozenset(
-    {
-        "text-start",
-        "reasoning-start",
-        "tool-input-available",
-        "tool-output-available",
-        "tool-output-error",
-        "tool-output-denied",
-        "tool-approval-request",
-    }
-)
-DELTA_CHUNKS = frozenset({"text-delta", "reasoning-delta", "tool-input-delta"})
-SETTLED_TOOL_CHUNKS = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})
-# Stored at once: a settled result must never run again, and a human may act on these right away.
-IMMEDIATE_CHUNKS = SETTLED_TOOL_CHUNKS | {"tool-input-available", "tool-approval-request"}
-CONTENT_CHUNKS = frozenset({"text-delta", "reasoning-delta", "tool-input-available"})
 PROGRESS_DELTA_WINDOW_S = 5.0
 MAX_CHUNK_BYTES = 1_800_000
 MAX_SEGMENT_BYTES = 512_000
@@ -58,6 +42,43 @@ BACKLOG_BATCHES = 50
 BACKLOG_BYTES = 4 * MAX_SEGMENT_BYTES
 
 Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
+Chunk = dict[str, Any]
+
+
+def _unmerged(chunks: list[Chunk]) -> list[Chunk]:
+    return chunks
+
+
+def _rough_size(chunk: Chunk) -> int:
+    return 64
+
+
+def _omitted(seq: int) -> Chunk:
+    return {"type": "omitted", "seq": seq}
+
+
+@dataclass(frozen=True)
+class ChunkPolicy:
+    """What the owning app's chunks (dicts with a "type") mean to the buffer, which knows no chunk type
+    of its own; the owner gives one to each StreamWriter.
+
+    `immediate` chunks are stored before the work goes on (a settled tool result must never run twice,
+    a human may act on an approval request at once); so is the first `content` chunk, so that recovery
+    finds content; each of the `milestones` credits progress, `deltas` credit it at most once per
+    PROGRESS_DELTA_WINDOW_S. When a batch is taken its chunks pass through `merge` (consecutive deltas
+    of one part into one chunk, say). `size` estimates a chunk's bytes cheaply, for the segment and
+    backlog bounds; `omitted` is what is stored, by seq, in place of a chunk too large to store.
+    """
+
+    immediate: frozenset[str] = frozenset()
+    content: frozenset[str] = frozenset()
+    milestones: frozenset[str] = frozenset()
+    deltas: frozenset[str] = frozenset()
+    merge: Callable[[list[Chunk]], list[Chunk]] = _unmerged
+    size: Callable[[Chunk], int] = _rough_size
+    omitted: Callable[[int], Chunk] = _omitted
+
+
 # The live frame of one stored chunk: (its body, its seq) -> the text a client is sent (the owner's
 # wire format; the chat app's is chat.wire.protocol.chunk_framer).
 Frame = Callable[[str, int], str]
@@ -252,16 +273,18 @@ class StreamWriter:
         fiber_id: Any,
         fencing: int,
         frame: Frame,
+        policy: ChunkPolicy = ChunkPolicy(),  # noqa: B008 (frozen: one shared default is fine)
         publish: Publish | None = None,
         fanout: tuple[int, str] | None = None,
     ) -> None:
-        """`frame` makes each stored chunk's live frame; `publish` sends a batch of frames; `fanout`
-        (conversation id, request id) lets the flusher send every writer's frames of a tick together
-        instead (chat.wire.broadcast)."""
+        """`frame` makes each stored chunk's live frame; `policy` says what the chunks mean to the
+        buffer; `publish` sends a batch of frames; `fanout` (conversation id, request id) lets the flusher
+        send every writer's frames of a tick together instead (chat.wire.broadcast)."""
         self.stream_id = stream_id
         self.fiber_id = fiber_id
         self.fencing = fencing
         self.frame = frame
+        self.policy = policy
         self.publish = publish
         self.fanout = fanout
         self.next_seq = 0
@@ -309,14 +332,14 @@ class StreamWriter:
         """
         if cursor is not None:
             self._cursor = cursor
+        policy = self.policy
         chunk_type = chunk.get("type")
         self._credit += self._progress_credit(chunk_type)
         if not self._buffer:
             self._buffered_since = time.monotonic()
         self._buffer.append(chunk)
-        delta = chunk.get("delta")
-        self._buffer_bytes += len(delta) if isinstance(delta, str) else 64
-        if chunk_type in IMMEDIATE_CHUNKS or (chunk_type in CONTENT_CHUNKS and not self._flushed_any):
+        self._buffer_bytes += policy.size(chunk)
+        if chunk_type in policy.immediate or (chunk_type in policy.content and not self._flushed_any):
             self._urgent = True
             return True
         if len(self._buffer) >= self._flush_every or self._buffer_bytes >= MAX_SEGMENT_BYTES:
@@ -336,9 +359,9 @@ class StreamWriter:
         flusher().poke()
 
     def _progress_credit(self, chunk_type: Any) -> int:
-        if chunk_type in MILESTONE_CHUNKS:
+        if chunk_type in self.policy.milestones:
             return 1
-        if chunk_type in DELTA_CHUNKS:
+        if chunk_type in self.policy.deltas:
             now = time.monotonic()
             if now - self._last_delta_credit >= PROGRESS_DELTA_WINDOW_S:
                 self._last_delta_credit = now
@@ -356,7 +379,7 @@ class StreamWriter:
         self._buffer, self._buffer_bytes, self._credit, self._cursor, self._urgent = [], 0, 0, None, False
         bodies: list[str] = []
         frames: list[tuple[int, str]] = []
-        for chunk in coalesce(chunks):
+        for chunk in self.policy.merge(chunks):
             seq = self.next_seq
             self.next_seq += 1
             body = dumps(chunk)
@@ -365,7 +388,7 @@ class StreamWriter:
             if len(body) * 4 > MAX_CHUNK_BYTES and len(body.encode()) > MAX_CHUNK_BYTES:
                 # Too big to store: it still goes out live, but a replay will not have it.
                 logger.warning("chunk %s of stream %s is too large to store", seq, self.stream_id)
-                body = dumps({"type": "data-think-omitted", "data": {"seq": seq}, "transient": True})
+                body = dumps(self.policy.omitted(seq))
             bodies.append(body)
         first = frames[0][0]
         segments = _segments(first, bodies)
@@ -441,32 +464,3 @@ def _segments(first: int, bodies: list[str]) -> tuple[tuple[int, int, str], ...]
         size += len(body) + 1
     segments.append((start, start + len(group) - 1, "\n".join(group)))
     return tuple(segments)
-
-
-_COALESCED = {
-    "text-delta": ("id", "delta"),
-    "reasoning-delta": ("id", "delta"),
-    "tool-input-delta": ("toolCallId", "inputTextDelta"),
-}
-
-
-def coalesce(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Consecutive deltas of one part become one chunk (its text is theirs, joined): what a client
-    folds from them is the same message, and there is one chunk to store and one frame to send."""
-    merged: list[dict[str, Any]] = []
-    for chunk in chunks:
-        rule = _COALESCED.get(chunk.get("type"))  # type: ignore[arg-type]
-        if rule is not None and merged:
-            key, text = rule
-            last = merged[-1]
-            if (
-                last.get("type") == chunk.get("type")
-                and last.get(key) == chunk.get(key)
-                and len(last) == len(chunk)  # no other field (providerMetadata) that a merge would lose
-                and isinstance(last.get(text), str)
-                and isinstance(chunk.get(text), str)
-            ):
-                merged[-1] = {**last, text: last[text] + chunk[text]}
-                continue
-        merged.append(chunk)
-    return merged

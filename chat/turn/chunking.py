@@ -7,6 +7,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from recovery.stream import ChunkPolicy
+
 from .llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
 
 Chunk = dict[str, Any]
@@ -180,3 +182,58 @@ class UIChunker:
                 }
             }
         return [finish]
+
+
+# -- what the chunks mean to the durable stream buffer (recovery.stream.ChunkPolicy) -------------------
+
+SETTLED_TOOL_CHUNKS = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})
+_COALESCED = {
+    "text-delta": ("id", "delta"),
+    "reasoning-delta": ("id", "delta"),
+    "tool-input-delta": ("toolCallId", "inputTextDelta"),
+}
+
+
+def coalesce(chunks: list[Chunk]) -> list[Chunk]:
+    """Consecutive deltas of one part become one chunk (its text is theirs, joined): what a client
+    folds from them is the same message, and there is one chunk to store and one frame to send."""
+    merged: list[Chunk] = []
+    for chunk in chunks:
+        rule = _COALESCED.get(chunk.get("type"))  # type: ignore[arg-type]
+        if rule is not None and merged:
+            key, text = rule
+            last = merged[-1]
+            if (
+                last.get("type") == chunk.get("type")
+                and last.get(key) == chunk.get(key)
+                and len(last) == len(chunk)  # no other field (providerMetadata) that a merge would lose
+                and isinstance(last.get(text), str)
+                and isinstance(chunk.get(text), str)
+            ):
+                merged[-1] = {**last, text: last[text] + chunk[text]}
+                continue
+        merged.append(chunk)
+    return merged
+
+
+def _delta_size(chunk: Chunk) -> int:
+    delta = chunk.get("delta")
+    return len(delta) if isinstance(delta, str) else 64
+
+
+def _omitted(seq: int) -> Chunk:
+    """A transient data part in place of a chunk too large to store: a replay shows nothing for it."""
+    return {"type": "data-think-omitted", "data": {"seq": seq}, "transient": True}
+
+
+UI_CHUNK_POLICY = ChunkPolicy(
+    # Stored at once: a settled result must never run again, and a human may act on these right away.
+    immediate=SETTLED_TOOL_CHUNKS | {"tool-input-available", "tool-approval-request"},
+    content=frozenset({"text-delta", "reasoning-delta", "tool-input-available"}),
+    milestones=SETTLED_TOOL_CHUNKS
+    | {"text-start", "reasoning-start", "tool-input-available", "tool-approval-request"},
+    deltas=frozenset({"text-delta", "reasoning-delta", "tool-input-delta"}),
+    merge=coalesce,
+    size=_delta_size,
+    omitted=_omitted,
+)

@@ -35,6 +35,7 @@ from ..transcript.services import TurnOutcome, transcript_repair_save, turn_fini
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
 from . import errors, llm
+from .chunking import UI_CHUNK_POLICY
 from .loop import ModelLoop
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .snapshot import FiberSnapshot
@@ -187,6 +188,7 @@ class TurnRunner:
             fiber_id=self.claim.fiber_id,
             fencing=self.claim.fencing,
             frame=chunk_framer(self.request_id, continuation=self.continuation),
+            policy=UI_CHUNK_POLICY,
             fanout=(self.conversation_id, self.request_id),
         )
         self.writer.next_seq, self.writer.stored_seq = next_seq, next_seq - 1

@@ -5,12 +5,13 @@ full batches, or what must be stored before anything else happens, holds the tur
 from __future__ import annotations
 
 import asyncio
+import json
 
 from django.conf import settings
 from django.test import override_settings
 
 from recovery.flusher import flusher
-from recovery.stream import BACKLOG_BATCHES
+from recovery.stream import BACKLOG_BATCHES, ChunkPolicy, StreamWriter
 from tests.recovery.test_metrics import HeldPublish, Published, writer
 
 # A regular tick every 10 s: within a test, only a poke can start one.
@@ -102,3 +103,42 @@ async def test_a_batch_short_of_full_waits_for_the_tick() -> None:
         assert len(published.batches) == 1 and stream.pending  # nothing poked the flusher
     finally:
         flusher().unregister(stream)
+
+
+# What the chunks mean comes from the owner's policy: the buffer knows no chunk type of its own.
+JOBS = ChunkPolicy(
+    immediate=frozenset({"job-done"}),
+    content=frozenset({"log"}),
+    milestones=frozenset({"job-done"}),
+    deltas=frozenset({"log"}),
+    merge=lambda chunks: [c for c in chunks if c["type"] != "noise"],
+    omitted=lambda seq: {"type": "job-omitted", "seq": seq},
+)
+
+
+@override_settings(THINK=POLICY)
+async def test_the_buffer_follows_the_policy_it_is_given() -> None:
+    published = Published()
+    stream = StreamWriter(
+        stream_id=None, fiber_id=None, fencing=1, frame=lambda body, seq: body, policy=JOBS, publish=published
+    )
+    assert stream.add({"type": "text-delta", "id": "t", "delta": "x"}) is False, (
+        "chat's content means nothing"
+    )
+    assert stream.add({"type": "log", "line": "a"}) is True, "its first content is stored before going on"
+    await stream.flush()
+    assert stream.add({"type": "noise"}) is False
+    assert stream.add({"type": "job-done"}) is True, "an immediate chunk holds the work"
+    batch = stream.take()
+    assert batch is not None
+    assert [json.loads(body)["type"] for _, body in batch.frames] == ["job-done"], "merged by its rule"
+    assert batch.entry.credit == 1, "a milestone credits progress"
+    assert [json.loads(body)["type"] for _, body in published.batches[0]] == ["text-delta", "log"]
+
+
+def test_without_a_policy_no_chunk_holds_the_work_or_is_merged() -> None:
+    stream = StreamWriter(stream_id=None, fiber_id=None, fencing=1, frame=lambda body, seq: body)
+    chunks = [{"type": "tool-input-available"}, {"type": "text-delta", "id": "t", "delta": "a"}] * 2
+    assert [stream.add(dict(chunk)) for chunk in chunks] == [False] * 4
+    batch = stream.take()
+    assert batch is not None and len(batch.frames) == 4 and batch.entry.credit == 0

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 
+from chat.turn.chunking import UI_CHUNK_POLICY
 from chat.wire.protocol import chunk_framer
 from recovery import diagnostics, metrics
 from recovery.detection import tick_claim
@@ -146,7 +147,14 @@ def metric_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def writer(publish: Published) -> StreamWriter:
-    return StreamWriter(stream_id=None, fiber_id=None, fencing=1, frame=chunk_framer("r-1"), publish=publish)
+    return StreamWriter(
+        stream_id=None,
+        fiber_id=None,
+        fencing=1,
+        frame=chunk_framer("r-1"),
+        policy=UI_CHUNK_POLICY,
+        publish=publish,
+    )
 
 
 class Clock:

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from chat.turn.chunking import UI_CHUNK_POLICY
 from chat.wire.protocol import chunk_framer
 from recovery.fibers import fiber_stash
 from recovery.runtime import db
@@ -84,6 +85,7 @@ async def test_the_writer_stores_the_cursor_of_the_chunks_it_flushes() -> None:
         fiber_id=claimed.fiber_id,
         fencing=claimed.fencing,
         frame=chunk_framer(claimed.request_id),
+        policy=UI_CHUNK_POLICY,
         publish=publish,
     )
 
