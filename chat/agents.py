@@ -28,6 +28,7 @@ from .conf import default_model, think_setting
 from .exceptions import UnknownAgent
 from .transcript.compaction import CompactionFunction, CompactionResult, Session, create_compact_function
 from .transcript.repair import default_repair
+from .turn import llm
 from .turn.errors import default_chat_error_classifier
 from .turn.loop import StepResult
 from .turn.overflow import ChatErrorContext, ContextOverflow, Proactive, default_context_overflow_classifier
@@ -36,7 +37,7 @@ from .turn.tools import Tool, tool
 if TYPE_CHECKING:
     from .handle import AgentHandle
 
-# What a request does while another turn is busy (see chat.transcript.services.turn_accept).
+# What a request does while another turn is busy (see chat.transcript.turns.turn_accept).
 MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
 
 ChunkCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
@@ -204,7 +205,7 @@ class Think:
     def session(self) -> Session:
         """The conversation's session, configured once per agent instance."""
         if self._session is None:
-            self._session = Session(self)
+            self._session = Session(self, complete_text=llm.complete_text)
             self.configure_session(self._session)
         return self._session
 

@@ -9,6 +9,8 @@ from django.core.exceptions import ImproperlyConfigured
 from recovery.conf import DEFAULTS as RECOVERY_DEFAULTS
 from recovery.conf import setting
 
+from .wire.protocol import Limits
+
 DEFAULTS: dict[str, Any] = {
     # The recovery layer's keys (flush policy, leases, the tick, ...): recovery.conf.
     **RECOVERY_DEFAULTS,
@@ -56,3 +58,13 @@ def default_model() -> str | dict[str, Any]:
             "THINK['MODEL'] is not set and the agent does not override get_model(): name a litellm model"
         )
     return model  # type: ignore[no-any-return,unused-ignore]
+
+
+def frame_limits() -> Limits:
+    """The size limits the codec and turn acceptance check, from the THINK settings."""
+    return Limits(
+        max_frame_bytes=think_setting("MAX_FRAME_BYTES"),
+        max_message_bytes=think_setting("MAX_MESSAGE_BYTES"),
+        max_message_parts=think_setting("MAX_MESSAGE_PARTS"),
+        max_tool_output_bytes=think_setting("MAX_TOOL_OUTPUT_BYTES"),
+    )

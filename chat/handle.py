@@ -9,157 +9,21 @@ ends with the outcome of the continuation that finished it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
-from django.db.models import Q
-
 from recovery.fibers import conversation_busy
-from recovery.models import Alarm, Fiber, Incident
+from recovery.models import Fiber
 
-from .exceptions import ConversationBusy, ProtocolError
 from .models import Conversation, Submission
-from .turn.snapshot import TurnKind, TurnSnapshot
-from .wire.protocol import validate_ui_message
-
-FIBER_OUTCOMES: dict[str, str] = {
-    Fiber.Status.COMPLETED: "completed",
-    Fiber.Status.FAILED: "error",
-    Fiber.Status.CANCELLED: "aborted",
-}
-POLL_S = 0.1
+from .transcript.selectors import chain_outcome
+from .transcript.snapshot import TurnKind
+from .transcript.turns import POLL_S, MessagesOrFunction, TurnResult, turn_start_programmatic
 
 if TYPE_CHECKING:
     from .agents import ChunkCallback, Think
     from .transcript.submissions import SubmitResult
-
-Messages = list[dict[str, Any]]
-MessagesOrFunction = Messages | Callable[[Messages], Messages]
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    """A programmatic turn: its request id and status (`accepted` until waited for, then its outcome)."""
-
-    request_id: str
-    status: str  # accepted, completed, error, aborted or skipped
-
-
-def ui_messages(value: Any) -> Messages:
-    """Messages from user code: UIMessages (an id is added when missing) or plain strings (user text)."""
-    if isinstance(value, str | dict):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise ValueError("messages must be a non-empty list of UIMessages or strings")
-    messages = []
-    for item in value:
-        if isinstance(item, str):
-            item = {"role": "user", "parts": [{"type": "text", "text": item}]}
-        if not isinstance(item, dict):
-            raise ValueError(f"a message must be a UIMessage dict or a string, got {type(item).__name__}")
-        item = {"id": str(uuid.uuid4()), "parts": [], **item}
-        try:
-            messages.append(validate_ui_message(item))
-        except ProtocolError as exc:
-            raise ValueError(str(exc)) from None
-    return messages
-
-
-class _Busy(Exception):
-    pass
-
-
-def _lock_when_idle(conversation_id: int) -> Conversation:
-    """Lock the conversation if no turn is queued or running; raises _Busy (inside a transaction)."""
-    conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
-    if conversation_busy(conversation_id):
-        raise _Busy  # rolls the transaction back and releases the lock: let that turn finish first
-    return conversation
-
-
-def turn_start_programmatic(
-    *,
-    conversation_id: int,
-    messages: MessagesOrFunction,
-    request_id: str | None = None,
-    timeout: float | None = None,
-    enqueue: bool = True,
-    submission_id: str | None = None,
-    on_applied: Callable[[Conversation], None] | None = None,
-) -> TurnResult:
-    """Append messages (or what a function of the current transcript returns) and start a turn.
-
-    Waits until the conversation is free, so a function sees the transcript its turn will continue.
-    """
-    from recovery.fibers import fiber_create
-
-    from .transcript.selectors import messages_list
-    from .transcript.services import message_upsert, turn_enqueue, turn_snapshot
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        try:
-            with transaction.atomic():
-                conversation = _lock_when_idle(conversation_id)
-                current = messages_list(conversation_id=conversation_id)
-                new = ui_messages(messages(current) if callable(messages) else messages)
-                for message in new:
-                    message_upsert(conversation_id=conversation_id, message=message)
-                request_id = request_id or str(uuid.uuid4())
-                conversation.last_terminal = None
-                conversation.save(update_fields=["last_terminal", "updated_at"])
-                snapshot = turn_snapshot(conversation=conversation, request_id=request_id, continuation=False)
-                fiber = fiber_create(
-                    conversation_id=conversation_id,
-                    request_id=request_id,
-                    kind=TurnKind.PROGRAMMATIC,
-                    snapshot=snapshot.replace(submission_id=submission_id).envelope(),
-                )
-                if on_applied is not None:
-                    on_applied(conversation)
-                if enqueue:
-                    transaction.on_commit(
-                        functools.partial(turn_enqueue, fiber_id=fiber.pk, conversation_id=conversation_id)
-                    )
-            return TurnResult(request_id, "accepted")
-        except _Busy:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ConversationBusy(f"conversation {conversation_id} stayed busy for {timeout}s") from None
-            time.sleep(POLL_S)
-
-
-def chain_outcome(*, conversation_id: int, root_request_id: str) -> str | None:
-    """The outcome of a turn and the recoveries that continued it; None while any of it may still run."""
-    chain = Fiber.objects.filter(conversation_id=conversation_id).filter(
-        Q(request_id=root_request_id)
-        | Q(**{TurnSnapshot.lookup("recovery_root_request_id"): root_request_id})
-    )
-    if chain.filter(
-        status__in=[Fiber.Status.PENDING, Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]
-    ).exists():
-        return None
-    alarms = Alarm.objects.filter(conversation_id=conversation_id, payload__originalRequestId=root_request_id)
-    if alarms.exists():  # a continue or retry is scheduled (both kinds: a reference gap, #2276)
-        return None
-    last = chain.order_by("-created_at").first()
-    if last is None:
-        return "skipped"
-    if last.status in FIBER_OUTCOMES:
-        return FIBER_OUTCOMES[last.status]
-    # Recovered and nothing followed: given up or declined (a terminal error), or nothing left to do.
-    exhausted = Incident.objects.filter(
-        conversation_id=conversation_id,
-        recovery_root_request_id=root_request_id,
-        status__in=[Incident.Status.EXHAUSTED, Incident.Status.FAILED],
-    ).exists()
-    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id) or {}
-    request_ids = set(chain.values_list("request_id", flat=True))
-    return "error" if exhausted or terminal.get("requestId") in request_ids else "completed"
 
 
 def turn_wait(*, conversation_id: int, request_id: str, timeout: float | None = None) -> TurnResult:
@@ -308,7 +172,7 @@ class AgentHandle:
 
         Skipped (request id "") unless the last message is an assistant message.
         """
-        from .transcript.services import turn_start_recovered
+        from .transcript.turns import turn_start_recovered
 
         started = turn_start_recovered(
             conversation_id=self.conversation_id,

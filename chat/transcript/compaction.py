@@ -35,6 +35,7 @@ COMPACTION_PREFIX = "compaction_"
 
 UIMessage = dict[str, Any]
 TokenCounter = Callable[[UIMessage], int]
+CompleteText = Callable[..., Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class CompactionResult:
 class CompactionContext:
     agent: Think
     token_counter: TokenCounter
+    # The model call a summariser makes: (model kwargs, chat messages) -> text (chat.turn.llm.complete_text).
+    complete_text: CompleteText
 
 
 CompactionFunction = Callable[[list[UIMessage], CompactionContext], Any]
@@ -61,8 +64,9 @@ def estimate_tokens(message: UIMessage) -> int:
 
 
 class Session:
-    def __init__(self, agent: Think) -> None:
+    def __init__(self, agent: Think, *, complete_text: CompleteText) -> None:
         self.agent = agent
+        self.complete_text = complete_text
         self._compaction: CompactionFunction | None = None
         self.token_counter: TokenCounter = estimate_tokens
 
@@ -88,7 +92,9 @@ class Session:
         conversation_id = self.agent._require_conversation()
         messages = await db(messages_list, conversation_id=conversation_id)
         try:
-            result = self._compaction(messages, CompactionContext(self.agent, self.token_counter))
+            result = self._compaction(
+                messages, CompactionContext(self.agent, self.token_counter, self.complete_text)
+            )
             if inspect.isawaitable(result):
                 result = await result
         except Exception:
@@ -169,13 +175,11 @@ def render_transcript(messages: list[UIMessage]) -> str:
 
 async def summarize_with_model(messages: list[UIMessage], ctx: CompactionContext) -> str:
     """The default summariser: the agent's own model, through litellm."""
-    from ..turn import llm
-
     prompt = [
         {"role": "system", "content": SUMMARY_PROMPT},
         {"role": "user", "content": render_transcript(messages)},
     ]
-    return await llm.complete_text(model=ctx.agent.completion_kwargs(), messages=prompt)
+    return await ctx.complete_text(model=ctx.agent.completion_kwargs(), messages=prompt)
 
 
 def create_compact_function(

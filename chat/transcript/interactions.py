@@ -104,7 +104,7 @@ def interaction_apply(
 
     `owner`, the connection that answered, owns the continuation it starts.
     """
-    from .services import turn_start_followup
+    from .turns import turn_start_followup
 
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(pk=conversation_id)

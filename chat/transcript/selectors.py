@@ -6,12 +6,14 @@ import json
 from typing import Any
 
 from django.db import connection
+from django.db.models import Q
 
-from recovery.models import Fiber, Stream
+from recovery.models import Alarm, Fiber, Incident, Stream
 from recovery.stream import stream_chunks
 
 from ..models import Compaction, Conversation, Message
 from .folding import MessageAccumulator, fold_bodies
+from .snapshot import TurnSnapshot
 
 
 def conversation_get(*, agent: str, name: str) -> Conversation | None:
@@ -117,3 +119,39 @@ def stream_partial(stream: Stream) -> tuple[MessageAccumulator, int]:
     partial = fold_bodies(stream.message_id, (body for _, body in chunks), extends=base)
     partial.message_id = stream.message_id  # the persisted id wins over anything a chunk said
     return partial, (chunks[-1][0] if chunks else -1)
+
+
+FIBER_OUTCOMES: dict[str, str] = {
+    Fiber.Status.COMPLETED: "completed",
+    Fiber.Status.FAILED: "error",
+    Fiber.Status.CANCELLED: "aborted",
+}
+
+
+def chain_outcome(*, conversation_id: int, root_request_id: str) -> str | None:
+    """The outcome of a turn and the recoveries that continued it; None while any of it may still run."""
+    chain = Fiber.objects.filter(conversation_id=conversation_id).filter(
+        Q(request_id=root_request_id)
+        | Q(**{TurnSnapshot.lookup("recovery_root_request_id"): root_request_id})
+    )
+    if chain.filter(
+        status__in=[Fiber.Status.PENDING, Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]
+    ).exists():
+        return None
+    alarms = Alarm.objects.filter(conversation_id=conversation_id, payload__originalRequestId=root_request_id)
+    if alarms.exists():  # a continue or retry is scheduled (both kinds: a reference gap, #2276)
+        return None
+    last = chain.order_by("-created_at").first()
+    if last is None:
+        return "skipped"
+    if last.status in FIBER_OUTCOMES:
+        return FIBER_OUTCOMES[last.status]
+    # Recovered and nothing followed: given up or declined (a terminal error), or nothing left to do.
+    exhausted = Incident.objects.filter(
+        conversation_id=conversation_id,
+        recovery_root_request_id=root_request_id,
+        status__in=[Incident.Status.EXHAUSTED, Incident.Status.FAILED],
+    ).exists()
+    terminal = Conversation.objects.values_list("last_terminal", flat=True).get(pk=conversation_id) or {}
+    request_ids = set(chain.values_list("request_id", flat=True))
+    return "error" if exhausted or terminal.get("requestId") in request_ids else "completed"

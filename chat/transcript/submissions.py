@@ -21,8 +21,9 @@ from recovery.alarms import alarm_claim, alarm_schedule
 from recovery.models import Fiber
 
 from ..exceptions import SubmissionConflict, SubmissionNotFound
-from ..handle import chain_outcome, ui_messages
 from ..models import Conversation, Submission
+from .selectors import chain_outcome
+from .turns import ui_messages
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def _new_id() -> str:
 def submissions_drain(*, conversation_id: int) -> str | None:
     """Start the oldest pending submission if the conversation is free; its request id, or None."""
     from ..exceptions import ConversationBusy
-    from ..handle import turn_start_programmatic
+    from .turns import turn_start_programmatic
 
     row = (
         Submission.objects.filter(conversation_id=conversation_id, status=Submission.Status.PENDING)

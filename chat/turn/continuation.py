@@ -33,9 +33,9 @@ from recovery.targets import recovery_target
 from ..agents import Think, agent_for, recovery_config
 from ..exceptions import UnknownAgent
 from ..models import Conversation
-from ..transcript.services import turn_start_recovered
+from ..transcript.snapshot import TurnKind, TurnSnapshot
+from ..transcript.turns import turn_start_recovered
 from .interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
-from .snapshot import TurnKind, TurnSnapshot
 
 logger = logging.getLogger(__name__)
 

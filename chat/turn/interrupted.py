@@ -32,13 +32,15 @@ from recovery.targets import RecoveryTarget
 from ..agents import Think, agent_for, recovery_config
 from ..models import Conversation
 from ..tasks import run_turn
+from ..transcript.finish import interactions_settle
 from ..transcript.folding import MessageAccumulator
 from ..transcript.interactions import foreign_updates_apply
 from ..transcript.selectors import conversation_get, messages_list, stream_partial
-from ..transcript.services import interactions_settle, message_place, turn_enqueue_pending
+from ..transcript.services import message_place
+from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
+from ..transcript.turns import turn_enqueue_pending
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, recovering_frame, response_frame
-from .snapshot import FiberSnapshot, TurnSnapshot
 
 CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"

@@ -28,17 +28,18 @@ from ..agents import ChunkCallback, Think, TurnContext, _current_agent, agent_fo
 from ..conf import think_setting
 from ..exceptions import StreamStalled
 from ..models import Conversation
+from ..transcript.finish import TurnOutcome, turn_finish
 from ..transcript.folding import MessageAccumulator
 from ..transcript.repair import repair_transcript
 from ..transcript.selectors import messages_list, stream_partial
-from ..transcript.services import TurnOutcome, transcript_repair_save, turn_finish
+from ..transcript.services import transcript_repair_save
+from ..transcript.snapshot import FiberSnapshot
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
 from . import errors, llm
 from .chunking import UI_CHUNK_POLICY
 from .loop import ModelLoop
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
-from .snapshot import FiberSnapshot
 from .tools import Toolset
 
 logger = logging.getLogger(__name__)

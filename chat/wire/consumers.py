@@ -23,15 +23,16 @@ from recovery.stream import stream_chunks
 
 from ..access import Credentials, conversation_open
 from ..agents import agent_class
-from ..conf import think_setting
+from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import stream_for_request
-from ..transcript.services import conversation_clear, turn_accept
+from ..transcript.services import conversation_clear
+from ..transcript.turns import turn_accept
 from . import protocol as p
 from . import silence
 from .broadcast import group_name, release_parked
-from .limits import frame_bucket, frame_limits
+from .limits import frame_bucket
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
 

@@ -22,7 +22,7 @@ from ..transcript.selectors import (
     stream_for_request,
     stream_partial,
 )
-from ..turn.snapshot import FiberSnapshot
+from ..transcript.snapshot import FiberSnapshot
 from .protocol import dumps, response_frame
 
 

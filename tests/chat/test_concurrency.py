@@ -8,8 +8,9 @@ import pytest
 
 from chat.agents import Think
 from chat.models import Conversation
+from chat.transcript.finish import TurnOutcome, turn_finish
 from chat.transcript.selectors import messages_list
-from chat.transcript.services import TurnOutcome, turn_accept, turn_finish
+from chat.transcript.turns import turn_accept
 from chat.wire.protocol import ChatRequest
 from recovery.fibers import fiber_claim
 from recovery.models import Fiber, Stream

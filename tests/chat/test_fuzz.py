@@ -259,7 +259,7 @@ async def test_the_consumer_survives_any_frame_and_a_refused_one_changes_nothing
     frames = [f for f in frames if not changes_state(f)]
     name = new_name("fuzz")
     conversation_id = await seed_conversation(name, SEED)
-    with override_settings(THINK=FUZZ_THINK), mock.patch("chat.transcript.services.turn_enqueue") as enqueue:
+    with override_settings(THINK=FUZZ_THINK), mock.patch("chat.transcript.turns.turn_enqueue") as enqueue:
         async with connected(name) as socket:
             for number, data in enumerate(frames):
                 before = await stored_state(conversation_id)
@@ -331,7 +331,7 @@ async def test_a_refused_chat_request_gets_an_error_frame_and_stores_nothing(
         frame = {"type": frame.pop("type"), **frame}
     name = new_name("refused")
     conversation_id = await seed_conversation(name, SEED)
-    with override_settings(THINK=FUZZ_THINK), mock.patch("chat.transcript.services.turn_enqueue") as enqueue:
+    with override_settings(THINK=FUZZ_THINK), mock.patch("chat.transcript.turns.turn_enqueue") as enqueue:
         async with connected(name) as socket:
             before = await stored_state(conversation_id)
             await socket.send_to(text_data=json.dumps(frame, ensure_ascii=False, allow_nan=True))

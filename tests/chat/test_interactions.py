@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from chat.models import Conversation, Message
+from chat.transcript.finish import interactions_settle
 from chat.transcript.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
-from chat.transcript.services import interactions_settle
-from chat.turn.snapshot import FiberSnapshot, TurnKind
+from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
 
 

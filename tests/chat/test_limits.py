@@ -15,11 +15,12 @@ from django.conf import settings as django_settings
 from django.test import override_settings
 
 from chat.checks import check_think_settings
+from chat.conf import frame_limits
 from chat.models import Conversation, Message
-from chat.transcript.services import turn_accept
-from chat.turn.snapshot import TurnKind
+from chat.transcript.snapshot import TurnKind
+from chat.transcript.turns import turn_accept
 from chat.wire import protocol as p
-from chat.wire.limits import TokenBucket, frame_bucket, frame_limits
+from chat.wire.limits import TokenBucket, frame_bucket
 from chat.wire.protocol import ChatRequest
 from recovery.checks import check_recovery_settings
 from recovery.fibers import fiber_create
@@ -239,7 +240,7 @@ async def test_frames_over_the_rate_are_refused_and_a_chat_request_hears_why() -
     name = new_name("rate")
     conversation_id = await seed_conversation(name, WAITING)
     with override_settings(THINK=think(MAX_FRAMES_PER_S=5.0, MAX_FRAME_BURST=3)):
-        with mock.patch("chat.transcript.services.turn_enqueue") as enqueue:
+        with mock.patch("chat.transcript.turns.turn_enqueue") as enqueue:
             async with connected(name) as socket:
                 before = await stored_state(conversation_id)
                 for _ in range(3):
@@ -265,7 +266,7 @@ async def test_a_chat_request_over_the_frame_size_hears_why(caplog: pytest.LogCa
     conversation_id = await seed_conversation(name, WAITING)
     with (
         override_settings(THINK=think(MAX_FRAME_BYTES=5_000)),
-        mock.patch("chat.transcript.services.turn_enqueue") as enqueue,
+        mock.patch("chat.transcript.turns.turn_enqueue") as enqueue,
     ):
         async with connected(name) as socket:
             before = await stored_state(conversation_id)
@@ -294,7 +295,7 @@ async def test_a_chat_request_beyond_the_queue_hears_why() -> None:
         )
     with (
         override_settings(THINK=think(MAX_QUEUED_TURNS=2)),
-        mock.patch("chat.transcript.services.turn_enqueue") as enqueue,
+        mock.patch("chat.transcript.turns.turn_enqueue") as enqueue,
     ):
         async with connected(name) as socket:
             before = await stored_state(conversation_id)
@@ -317,7 +318,7 @@ async def test_a_tool_output_over_the_limit_is_logged_and_not_stored(
     conversation_id = await seed_conversation(name, WAITING)
     with (
         override_settings(THINK=think(MAX_TOOL_OUTPUT_BYTES=100)),
-        mock.patch("chat.transcript.services.turn_enqueue") as enqueue,
+        mock.patch("chat.transcript.turns.turn_enqueue") as enqueue,
     ):
         async with connected(name) as socket:
             before = await stored_state(conversation_id)

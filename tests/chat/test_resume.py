@@ -10,7 +10,7 @@ import pytest
 
 import chat.wire.resume
 from chat.models import Conversation, Message
-from chat.turn.snapshot import TurnKind, TurnSnapshot
+from chat.transcript.snapshot import TurnKind, TurnSnapshot
 from chat.wire.resume import ack_replay, probe_answer
 from recovery.incidents import RECOVERING_FLAG_TTL_MS
 from recovery.models import Fiber, Segment, Stream

@@ -74,7 +74,7 @@ def test_an_unknown_or_reversed_range_stores_nothing() -> None:
 
 
 def test_clear_removes_overlays_and_clients_echoing_a_summary_do_not_store_it() -> None:
-    from chat.transcript.services import turn_accept
+    from chat.transcript.turns import turn_accept
     from chat.wire.protocol import ChatRequest
 
     conversation = conversation_with(4)

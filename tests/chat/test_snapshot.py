@@ -1,4 +1,4 @@
-"""The fiber snapshot of a chat turn: one typed owner of its keys (chat.turn.snapshot).
+"""The fiber snapshot of a chat turn: one typed owner of its keys (chat.transcript.snapshot).
 
 The stored JSON is what existing databases hold, so these tests pin its keys, the envelope's slots the
 recovery layer patches in SQL, and the ORM lookups that filter on them.
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from chat.models import Conversation
-from chat.turn.snapshot import FiberSnapshot, TurnKind, TurnSnapshot
+from chat.transcript.snapshot import FiberSnapshot, TurnKind, TurnSnapshot
 from recovery.fibers import STASH_SLOT, fiber_claim, fiber_create, fiber_stash
 from recovery.models import Fiber
 from recovery.stream import segment_append, stream_open

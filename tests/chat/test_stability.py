@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from chat.agents import Think
-from chat.handle import AgentHandle, chain_outcome
+from chat.handle import AgentHandle
 from chat.models import Conversation, Message
 from chat.transcript.interactions import interaction_apply
+from chat.transcript.selectors import chain_outcome
 from recovery.models import Alarm, Fiber, Incident
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,10 +86,10 @@ def test_stable_once_the_result_is_applied() -> None:
 
 
 def test_not_stable_while_an_auto_continuation_is_armed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import chat.transcript.services
+    import chat.transcript.turns
 
     # No worker may run the continuation (a session stack could): it must stay queued.
-    monkeypatch.setattr(chat.transcript.services, "turn_enqueue", lambda **kwargs: None)
+    monkeypatch.setattr(chat.transcript.turns, "turn_enqueue", lambda **kwargs: None)
     agent = make([tool("get_location", "input-available")], client_tools=CLIENT_TOOLS)
     update = {
         "kind": "result",

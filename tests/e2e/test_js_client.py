@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chat.turn.snapshot import TurnKind
+from chat.transcript.snapshot import TurnKind
 from recovery.models import Fiber, Segment
 from tests.agents import tool_runs
 from tests.e2e.js_client import (

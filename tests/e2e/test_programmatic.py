@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 
 from chat.agents import Think, open_agent
 from chat.exceptions import ConversationBusy
-from chat.turn.snapshot import FiberSnapshot, TurnKind
+from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks
 from tests.support import TEST_PRINCIPAL, ChatClient, assistant_text, chat_request, numbers, user_message

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.turn.snapshot import FiberSnapshot, TurnKind
+from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber, Incident, Segment, Stream
 from tests.agents import probe_key, probe_redis
 from tests.support import (
@@ -162,7 +162,7 @@ def make_interrupted_turn(
     from django.utils import timezone
 
     from chat.models import Conversation, Message
-    from chat.transcript.services import turn_snapshot
+    from chat.transcript.turns import turn_snapshot
 
     conversation, _ = Conversation.objects.get_or_create(agent=agent, name=name)
     user_id = f"u-{uuid.uuid4().hex[:8]}"

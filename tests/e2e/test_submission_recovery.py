@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from chat.agents import open_agent
-from chat.turn.snapshot import FiberSnapshot, TurnKind
+from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
 from tests.support import TEST_PRINCIPAL, assistant_text, numbers, wait_until
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from chat.agents import Think, open_agent
 from chat.models import Submission
+from chat.transcript.snapshot import FiberSnapshot
 from chat.transcript.submissions import (
     INTERRUPTED_TEXT,
     SKIPPED_TEXT,
@@ -20,7 +21,6 @@ from chat.transcript.submissions import (
     SubmissionNotFound,
     submissions_sweep,
 )
-from chat.turn.snapshot import FiberSnapshot
 from recovery.models import Fiber, Segment
 from tests.support import TEST_PRINCIPAL, ChatClient, chat_request, numbers, user_message, wait_until
 

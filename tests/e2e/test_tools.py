@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Conversation
-from chat.turn.snapshot import FiberSnapshot, TurnKind
+from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
 from tests.agents import tool_runs
 from tests.support import (

@@ -32,7 +32,9 @@ import recovery.tasks
 from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, Think
 from chat.models import Conversation, Message
 from chat.transcript.selectors import messages_list
-from chat.transcript.services import message_upsert, turn_snapshot
+from chat.transcript.services import message_upsert
+from chat.transcript.snapshot import TurnKind
+from chat.transcript.turns import turn_snapshot
 from chat.turn.interrupted import (
     CONTINUE_CALLBACK,
     DECLINED_MESSAGE,
@@ -42,7 +44,6 @@ from chat.turn.interrupted import (
     orphan_persist,
 )
 from chat.turn.runner import CLAIM_FIELDS
-from chat.turn.snapshot import TurnKind
 from chat.wire.protocol import encode_chunk
 from recovery.alarms import (
     ALARM_CLAIM_TTL,

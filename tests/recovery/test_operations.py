@@ -17,8 +17,8 @@ import pytest
 from django.utils import timezone
 
 from chat.models import Conversation
+from chat.transcript.snapshot import TurnKind
 from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK
-from chat.turn.snapshot import TurnKind
 from recovery import operations
 from recovery.detection import HANDLING_TTL, RECOVERY_OWNER
 from recovery.fibers import fiber_claim, fiber_heartbeat

@@ -23,10 +23,11 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    import chat.tasks
+    """The fibers whose turn task was sent (chat.transcript.turns.turn_send)."""
+    import chat.transcript.turns
 
     calls: list[str] = []
-    monkeypatch.setattr(chat.tasks.run_turn, "delay", calls.append)
+    monkeypatch.setattr(chat.transcript.turns, "turn_send", lambda fiber_id: calls.append(str(fiber_id)))
     return calls
 
 

@@ -1,0 +1,349 @@
+"""Accepting turns: a client's chat request, a programmatic turn, a continuation or a retry.
+
+Each writes its messages, its fiber and the fiber's snapshot (chat.transcript.snapshot) in one
+transaction, before the model is called, so even a turn that dies before its first chunk is recovered;
+the worker is enqueued when that transaction commits.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from recovery.fibers import conversation_busy, fiber_create, next_pending_fiber
+from recovery.models import Fiber, FiberQuerySet
+
+from ..conf import frame_limits, think_setting
+from ..exceptions import ConversationBusy, ProtocolError
+from ..models import Conversation, Message
+from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
+from .compaction import COMPACTION_PREFIX
+from .selectors import messages_list
+from .services import conversation_lock, message_upsert
+from .snapshot import TurnKind, TurnSnapshot
+
+RUN_TURN = "think.run_turn"  # chat.tasks.run_turn
+POLL_S = 0.1
+
+Messages = list[dict[str, Any]]
+MessagesOrFunction = Messages | Callable[[Messages], Messages]
+
+
+def turn_refusal(*, conversation_id: int, request: ChatRequest, busy: FiberQuerySet, policy: str) -> str:
+    """Why a chat request is refused ("" when it is not): a message it adds is over the limits, or the
+    conversation's queue is full. Messages the server already has are echoes and not checked: the
+    server wrote them itself (long answers, big tool outputs). Call with the conversation locked."""
+    known = set(Message.objects.filter(conversation_id=conversation_id).values_list("message_id", flat=True))
+    limits = frame_limits()
+    for message in request.messages:
+        if message["id"] in known or message["id"].startswith(COMPACTION_PREFIX):
+            continue
+        try:
+            check_message_limits(message, limits)
+        except ProtocolError as exc:
+            return str(exc)
+    queued = think_setting("MAX_QUEUED_TURNS")
+    if policy == "queue" and busy.filter(status=Fiber.Status.PENDING).count() >= queued:
+        return f"{queued} turns are already queued in this conversation; send it when one has run"
+    return ""
+
+
+def turn_snapshot(
+    *,
+    conversation: Conversation,
+    request_id: str,
+    continuation: bool,
+    root_request_id: str | None = None,
+    incident_id: str | None = None,
+) -> TurnSnapshot:
+    """The turn a fiber will run, taken before the model is called, so even a pre-stream crash is
+    recoverable."""
+    latest = Message.objects.filter(conversation=conversation).order_by("-position").first()
+    latest_user = (
+        Message.objects.filter(conversation=conversation, role=Message.Role.USER)
+        .order_by("-position")
+        .first()
+    )
+    return TurnSnapshot(
+        request_id=request_id,
+        continuation=continuation,
+        recovery_root_request_id=root_request_id or request_id,
+        latest_message_id=latest.message_id if latest else None,
+        latest_message_role=latest.role if latest else None,
+        latest_user_message_id=latest_user.message_id if latest_user else None,
+        started_at=timezone.now().isoformat(),
+        last_body=conversation.last_body,
+        last_client_tools=conversation.last_client_tools,
+        incident_id=incident_id,
+    )
+
+
+@dataclass(frozen=True)
+class AcceptedTurn:
+    fiber_id: Any
+    request_id: str
+    duplicate: bool = False
+    dropped: bool = False  # the "drop" policy refused it while another turn was busy
+    superseded: tuple[str, ...] = ()  # queued turns the "latest" policy cancelled for this one
+    refused: str = ""  # why it was refused (a new message over the limits, a full queue); nothing stored
+
+
+def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "queue") -> AcceptedTurn:
+    """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
+
+    While another turn is queued or running, `policy` decides: "queue" runs this one after it (up to
+    THINK["MAX_QUEUED_TURNS"] waiting turns), "latest" also cancels turns still waiting in the queue
+    (their messages stay), "drop" refuses this one.
+    """
+    with transaction.atomic():
+        conversation = conversation_lock(conversation_id)
+        existing = Fiber.objects.filter(conversation=conversation, request_id=request.id).first()
+        if existing is not None:
+            return AcceptedTurn(existing.pk, request.id, duplicate=True)
+        busy = Fiber.objects.filter(conversation=conversation).active()
+        refused = turn_refusal(conversation_id=conversation_id, request=request, busy=busy, policy=policy)
+        if refused:
+            return AcceptedTurn(None, request.id, refused=refused)
+        if policy == "drop" and busy.exists():
+            return AcceptedTurn(None, request.id, dropped=True)
+        superseded: tuple[str, ...] = ()
+        if policy == "latest":
+            waiting = busy.filter(status=Fiber.Status.PENDING)
+            superseded = tuple(waiting.values_list("request_id", flat=True))
+            waiting.update(
+                status=Fiber.Status.CANCELLED, finished_at=timezone.now(), fencing=F("fencing") + 1
+            )
+        _reconcile(conversation_id, request.messages, request.trigger)
+        conversation.last_body = request.extra or None
+        if request.client_tools is not None:
+            conversation.last_client_tools = request.client_tools
+        conversation.last_terminal = None
+        conversation.save(update_fields=["last_body", "last_client_tools", "last_terminal", "updated_at"])
+        snapshot = turn_snapshot(conversation=conversation, request_id=request.id, continuation=False)
+        fiber = fiber_create(
+            conversation_id=conversation_id,
+            request_id=request.id,
+            kind=TurnKind.CHAT,
+            snapshot=snapshot.envelope(),
+        )
+        transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
+    return AcceptedTurn(fiber.pk, request.id, superseded=superseded)
+
+
+def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: str) -> None:
+    """Merge the client's transcript into ours: the server is authoritative for messages it has.
+
+    New messages are appended in order. On regenerate, the client has dropped the last assistant
+    message, so stored messages after the last incoming one that we know are removed.
+    """
+    known = dict(
+        Message.objects.filter(conversation_id=conversation_id).values_list("message_id", "position")
+    )
+    if trigger == "regenerate-message":
+        anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=-1)
+        Message.objects.filter(conversation_id=conversation_id, position__gt=anchor).delete()
+    for message in incoming:
+        # A compaction's summary message is a view, never stored (clients echo it back).
+        if message["id"] not in known and not message["id"].startswith(COMPACTION_PREFIX):
+            message_upsert(conversation_id=conversation_id, message=message)
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """The result of starting a programmatic turn: its request id, or status "skipped" (request id "")."""
+
+    request_id: str
+    status: str  # "accepted" or "skipped"
+    fiber_id: Any = None
+
+
+def turn_start_recovered(
+    *,
+    conversation_id: int,
+    kind: str,
+    root_request_id: str,
+    incident_id: str | None,
+    last_body: dict[str, Any] | None = None,
+    last_client_tools: list[dict[str, Any]] | None = None,
+    reattach: dict[str, Any] | None = None,
+) -> TurnStart:
+    """Start a continuation (leaf must be an assistant message) or a retry (leaf must be a user message).
+
+    A continuation writes a new assistant message after the partial; a retry re-runs the model for the
+    existing user message, which is never added twice. Skipped while another turn is queued or running.
+    `reattach`: the provider cursor of the dead turn, for a continuation that rejoins its generation.
+    """
+    with transaction.atomic():
+        conversation = conversation_lock(conversation_id)
+        return turn_start_followup(
+            conversation=conversation,
+            kind=kind,
+            root_request_id=root_request_id,
+            incident_id=incident_id,
+            last_body=last_body,
+            last_client_tools=last_client_tools,
+            reattach=reattach,
+        )
+
+
+def turn_start_followup(
+    *,
+    conversation: Conversation,
+    kind: str = TurnKind.CONTINUE,
+    root_request_id: str = "",
+    incident_id: str | None = None,
+    last_body: dict[str, Any] | None = None,
+    last_client_tools: list[dict[str, Any]] | None = None,
+    require_idle: bool = True,
+    owner_channel: str | None = None,
+    reattach: dict[str, Any] | None = None,
+) -> TurnStart:
+    """Create the fiber of a continuation or retry; call inside a transaction holding the conversation lock.
+
+    With `require_idle` False (an automatic continuation after tool results) the turn queues behind a
+    running one instead of being skipped.
+    """
+    leaf = Message.objects.filter(conversation=conversation).order_by("-position").first()
+    wanted = Message.Role.USER if kind == TurnKind.RETRY else Message.Role.ASSISTANT
+    if leaf is None or leaf.role != wanted:
+        return TurnStart("", "skipped")
+    if require_idle and conversation_busy(conversation.pk):
+        # Another turn was accepted meanwhile (or a second copy of this alarm already started one).
+        return TurnStart("", "skipped")
+    if last_body is not None or last_client_tools is not None:
+        conversation.last_body = last_body if last_body is not None else conversation.last_body
+        conversation.last_client_tools = (
+            last_client_tools if last_client_tools is not None else conversation.last_client_tools
+        )
+        conversation.save(update_fields=["last_body", "last_client_tools", "updated_at"])
+    request_id = str(uuid.uuid4())
+    snapshot = turn_snapshot(
+        conversation=conversation,
+        request_id=request_id,
+        continuation=kind != TurnKind.RETRY,
+        root_request_id=root_request_id or None,
+        incident_id=incident_id,
+    ).replace(owner_channel=owner_channel)
+    # The cursor goes where the turn's own segment writes keep it (recovery.stream).
+    stored = snapshot.envelope(cursor=reattach)
+    fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=stored)
+    conversation_id = conversation.pk
+    transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
+    return TurnStart(request_id, "accepted", fiber.pk)
+
+
+def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:
+    """Hand a fiber to a worker, unless another turn of the conversation runs (it will start this one)."""
+    if next_pending_fiber(conversation_id=conversation_id) == fiber_id:
+        turn_send(fiber_id)
+
+
+def turn_enqueue_pending(conversation_id: int) -> None:
+    """How the recovery layer sends a conversation's head pending turn again (chat.turn.interrupted)."""
+    turn_enqueue_next(conversation_id=conversation_id)
+
+
+def turn_enqueue_next(*, conversation_id: int) -> None:
+    fiber_id = next_pending_fiber(conversation_id=conversation_id)
+    if fiber_id is not None:
+        turn_send(fiber_id)
+
+
+def turn_send(fiber_id: Any) -> None:
+    """Send a fiber's turn to the workers (by task name: this layer never imports the worker's code)."""
+    current_app.send_task(RUN_TURN, args=[str(fiber_id)])
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """A programmatic turn: its request id and status (`accepted` until waited for, then its outcome)."""
+
+    request_id: str
+    status: str  # accepted, completed, error, aborted or skipped
+
+
+def ui_messages(value: Any) -> Messages:
+    """Messages from user code: UIMessages (an id is added when missing) or plain strings (user text)."""
+    if isinstance(value, str | dict):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ValueError("messages must be a non-empty list of UIMessages or strings")
+    messages = []
+    for item in value:
+        if isinstance(item, str):
+            item = {"role": "user", "parts": [{"type": "text", "text": item}]}
+        if not isinstance(item, dict):
+            raise ValueError(f"a message must be a UIMessage dict or a string, got {type(item).__name__}")
+        item = {"id": str(uuid.uuid4()), "parts": [], **item}
+        try:
+            messages.append(validate_ui_message(item))
+        except ProtocolError as exc:
+            raise ValueError(str(exc)) from None
+    return messages
+
+
+class _Busy(Exception):
+    pass
+
+
+def _lock_when_idle(conversation_id: int) -> Conversation:
+    """Lock the conversation if no turn is queued or running; raises _Busy (inside a transaction)."""
+    conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
+    if conversation_busy(conversation_id):
+        raise _Busy  # rolls the transaction back and releases the lock: let that turn finish first
+    return conversation
+
+
+def turn_start_programmatic(
+    *,
+    conversation_id: int,
+    messages: MessagesOrFunction,
+    request_id: str | None = None,
+    timeout: float | None = None,
+    enqueue: bool = True,
+    submission_id: str | None = None,
+    on_applied: Callable[[Conversation], None] | None = None,
+) -> TurnResult:
+    """Append messages (or what a function of the current transcript returns) and start a turn.
+
+    Waits until the conversation is free, so a function sees the transcript its turn will continue.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            with transaction.atomic():
+                conversation = _lock_when_idle(conversation_id)
+                current = messages_list(conversation_id=conversation_id)
+                new = ui_messages(messages(current) if callable(messages) else messages)
+                for message in new:
+                    message_upsert(conversation_id=conversation_id, message=message)
+                request_id = request_id or str(uuid.uuid4())
+                conversation.last_terminal = None
+                conversation.save(update_fields=["last_terminal", "updated_at"])
+                snapshot = turn_snapshot(conversation=conversation, request_id=request_id, continuation=False)
+                fiber = fiber_create(
+                    conversation_id=conversation_id,
+                    request_id=request_id,
+                    kind=TurnKind.PROGRAMMATIC,
+                    snapshot=snapshot.replace(submission_id=submission_id).envelope(),
+                )
+                if on_applied is not None:
+                    on_applied(conversation)
+                if enqueue:
+                    transaction.on_commit(
+                        functools.partial(turn_enqueue, fiber_id=fiber.pk, conversation_id=conversation_id)
+                    )
+            return TurnResult(request_id, "accepted")
+        except _Busy:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ConversationBusy(f"conversation {conversation_id} stayed busy for {timeout}s") from None
+            time.sleep(POLL_S)
