@@ -11,10 +11,12 @@ from celery.signals import task_failure, worker_process_init, worker_ready, work
 
 from recovery import control, runtime
 
+from .transcript.turns import RUN_TURN
+
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="think.run_turn", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@shared_task(name=RUN_TURN, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_turn(fiber_id: str) -> None:
     """Run one turn. Safe to deliver twice: the fiber lease makes every delivery but one a no-op."""
     from .turn.runner import turn_run
@@ -70,7 +72,7 @@ def count_lost_workers(
     """A pool child that dies mid-turn (SIGKILL, the OOM killer) counts against the OOM budget."""
     from billiard.exceptions import WorkerLostError
 
-    from recovery.detection import fiber_mark_worker_lost
+    from recovery.fibers import fiber_mark_worker_lost
 
     if getattr(sender, "name", None) != run_turn.name or not isinstance(exception, WorkerLostError):
         return

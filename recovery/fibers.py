@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F
-from django.db.models.functions import Now
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce, Now, NullIf
 
 from .conf import setting
 from .exceptions import LeaseLost
@@ -143,6 +143,36 @@ def fiber_finish(*, fiber_id: Any, fencing: int, status: str, error: str = "") -
         raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
 
 
+_FIBER_FINISH = """
+UPDATE {fiber} SET status = %(status)s, error = %(error)s, finished_at = now(), lease_expires_at = NULL,
+    lease_owner = ''
+WHERE id = %(fiber)s AND fencing = %(fencing)s AND status = 'running'
+RETURNING request_id, snapshot
+"""
+
+
+def fiber_finish_on(
+    cursor: Any, *, fiber_id: Any, fencing: int, status: str, error: str = ""
+) -> tuple[str, Any]:
+    """fiber_finish as one plain statement on the caller's cursor (inside its transaction, among its
+    own statements); the fiber's request id and snapshot. Raises LeaseLost if it is no longer ours."""
+    params = {"status": status, "error": error, "fiber": fiber_id, "fencing": fencing}
+    cursor.execute(_FIBER_FINISH.format(fiber=Fiber._meta.db_table), params)
+    finished = cursor.fetchone()
+    if finished is None:
+        raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+    return finished[0], _json(finished[1])
+
+
+def fibers_supersede_pending(*, conversation_id: int) -> tuple[str, ...]:
+    """Cancel the fibers waiting in a conversation's queue (a newer request replaces them); their
+    request ids."""
+    waiting = Fiber.objects.filter(conversation_id=conversation_id, status=Fiber.Status.PENDING)
+    superseded = tuple(waiting.values_list("request_id", flat=True))
+    waiting.update(status=Fiber.Status.CANCELLED, finished_at=Now(), fencing=F("fencing") + 1)
+    return superseded
+
+
 def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
     """Ask the fiber of a request to stop; a pending one is cancelled at once.
 
@@ -217,4 +247,68 @@ def fiber_mark_recovered(*, fiber_id: Any) -> None:
     """The engine has handled an interrupted fiber (its continuation, if any, is a fiber of its own)."""
     Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED).update(
         status=Fiber.Status.RECOVERED, finished_at=Now(), lease_expires_at=None
+    )
+
+
+# -- handing a fiber to the recovery engine ------------------------------------------------------
+
+# How long the engine may take to handle an interrupted fiber before another tick tries again.
+HANDLING_TTL = timedelta(seconds=15)
+
+
+RECOVERY_OWNER = "recovery"
+
+
+def _TO_ENGINE() -> dict[str, Any]:  # noqa: N802 (a constant that needs a fresh Now())
+    """The change that hands a fiber to the recovery engine: the fencing number moves on, so the
+    worker that held it can write nothing more, and the engine holds it for HANDLING_TTL."""
+    return {
+        "status": Fiber.Status.INTERRUPTED,
+        "fencing": F("fencing") + 1,
+        "lease_owner": RECOVERY_OWNER,
+        "lease_expires_at": Now() + HANDLING_TTL,
+    }
+
+
+def fibers_take_over(ids: Sequence[str], *, statuses: Sequence[str], reason: str) -> int:
+    """Hand fibers to the engine now (an operator's forced recovery); a reason their worker recorded is
+    kept ("worker_lost" spends the OOM budget), else `reason`."""
+    return Fiber.objects.filter(pk__in=ids, status__in=statuses).update(
+        interruption=Coalesce(NullIf(F("interruption"), Value("")), Value(reason)), **_TO_ENGINE()
+    )
+
+
+def fibers_take_expired(limit: int) -> list[tuple[Any, str]]:
+    """Hand the fibers whose lease lapsed to the engine (the tick's claim, inside its transaction);
+    their ids with the status they had (running, interrupted)."""
+    expired = Fiber.objects.select_for_update(skip_locked=True).filter(
+        Q(status=Fiber.Status.RUNNING) | Q(status=Fiber.Status.INTERRUPTED), lease_expires_at__lt=Now()
+    )
+    rows = list(expired.order_by("lease_expires_at").values_list("pk", "status")[:limit])
+    Fiber.objects.filter(pk__in=[pk for pk, _ in rows]).update(**_TO_ENGINE())
+    return rows
+
+
+def fiber_interrupt(*, fiber_id: Any, fencing: int, reason: str = "") -> bool:
+    """A worker hands its own fiber to recovery at once (stall, shutdown): fenced, so only the owner can."""
+    return bool(
+        Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
+            interruption=reason, **_TO_ENGINE()
+        )
+    )
+
+
+def fiber_mark_worker_lost(*, fiber_id: Any) -> bool:
+    """Celery saw the pool child running this fiber die (SIGKILL, often the OOM killer)."""
+    return bool(
+        Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.RUNNING).update(interruption="worker_lost")
+    )
+
+
+def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
+    """Let the lease lapse now, so the next tick hands the fiber to recovery (worker shutdown)."""
+    return bool(
+        Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
+            lease_expires_at=Now() - timedelta(seconds=1)
+        )
     )

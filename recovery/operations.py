@@ -16,13 +16,13 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, QuerySet, Value
-from django.db.models.functions import Coalesce, Now, NullIf
+from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import tasks
-from .detection import HANDLING_TTL, RECOVERY_OWNER
 from .exceptions import OperationRefused
+from .fibers import fibers_take_over
 from .models import Fiber, Incident
 from .retention import ABANDONED_RETENTION, streams_sweep
 from .targets import recovery_target
@@ -62,14 +62,7 @@ def _force(fibers: QuerySet[Fiber], *, dry_run: bool, limit: int | None = None) 
         locked = fibers.filter(status__in=FORCEABLE).select_for_update().order_by("lease_expires_at", "pk")
         ids = [str(pk) for pk in locked.values_list("pk", flat=True)[:limit]]
         if ids and not dry_run:
-            Fiber.objects.filter(pk__in=ids, status__in=FORCEABLE).update(
-                status=Fiber.Status.INTERRUPTED,
-                # A reason the worker recorded is kept: "worker_lost" spends the OOM budget.
-                interruption=Coalesce(NullIf(F("interruption"), Value("")), Value(FORCED)),
-                fencing=F("fencing") + 1,
-                lease_owner=RECOVERY_OWNER,
-                lease_expires_at=Now() + HANDLING_TTL,
-            )
+            fibers_take_over(ids, statuses=FORCEABLE, reason=FORCED)
             transaction.on_commit(lambda: _enqueue(ids))
     return ids
 

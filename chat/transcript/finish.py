@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from recovery.exceptions import LeaseLost
+from recovery.fibers import fiber_finish_on
 from recovery.models import Fiber, Stream
 
 from ..models import Conversation, Message
@@ -34,14 +34,6 @@ class TurnOutcome:
 
 
 _FINISH_LOCK = "SELECT tool_updates, continue_armed FROM {conversation} WHERE id = %s FOR UPDATE"
-
-
-_FIBER_FINISH = """
-UPDATE {fiber} SET status = %(status)s, error = %(error)s, finished_at = now(), lease_expires_at = NULL,
-    lease_owner = ''
-WHERE id = %(fiber)s AND fencing = %(fencing)s AND status = 'running'
-RETURNING request_id, snapshot
-"""
 
 
 _MESSAGE_UPDATE = """
@@ -113,17 +105,10 @@ def turn_finish(
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_FINISH_LOCK.format(**tables), [conversation_id])
         tool_updates, continue_armed = cursor.fetchone()
-        finish = {
-            "status": outcome.status,
-            "error": outcome.terminal or "",
-            "fiber": fiber_id,
-            "fencing": fencing,
-        }
-        cursor.execute(_FIBER_FINISH.format(**tables), finish)
-        finished = cursor.fetchone()
-        if finished is None:
-            raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
-        request_id, turn = finished[0], FiberSnapshot.from_json(_json(finished[1])).turn
+        request_id, snapshot = fiber_finish_on(
+            cursor, fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or ""
+        )
+        turn = FiberSnapshot.from_json(snapshot).turn
         if outcome.message is not None:
             after = turn.latest_message_id if turn is not None else None
             _message_store(cursor, tables, conversation_id, outcome.message, after)

@@ -16,10 +16,9 @@ from typing import Any
 
 from celery import current_app
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from recovery.fibers import conversation_busy, fiber_create, next_pending_fiber
+from recovery.fibers import conversation_busy, fiber_create, fibers_supersede_pending, next_pending_fiber
 from recovery.models import Fiber, FiberQuerySet
 
 from ..conf import frame_limits, think_setting
@@ -31,7 +30,7 @@ from .selectors import messages_list
 from .services import conversation_lock, message_upsert
 from .snapshot import TurnKind, TurnSnapshot
 
-RUN_TURN = "think.run_turn"  # chat.tasks.run_turn
+RUN_TURN = "think.run_turn"  # the name of chat.tasks.run_turn, sent by name from here
 POLL_S = 0.1
 
 Messages = list[dict[str, Any]]
@@ -117,11 +116,7 @@ def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "qu
             return AcceptedTurn(None, request.id, dropped=True)
         superseded: tuple[str, ...] = ()
         if policy == "latest":
-            waiting = busy.filter(status=Fiber.Status.PENDING)
-            superseded = tuple(waiting.values_list("request_id", flat=True))
-            waiting.update(
-                status=Fiber.Status.CANCELLED, finished_at=timezone.now(), fencing=F("fencing") + 1
-            )
+            superseded = fibers_supersede_pending(conversation_id=conversation_id)
         _reconcile(conversation_id, request.messages, request.trigger)
         conversation.last_body = request.extra or None
         if request.client_tools is not None:

@@ -31,14 +31,13 @@ from recovery.targets import RecoveryTarget
 
 from ..agents import Think, agent_for, recovery_config
 from ..models import Conversation
-from ..tasks import run_turn
 from ..transcript.finish import interactions_settle
 from ..transcript.folding import MessageAccumulator
 from ..transcript.interactions import foreign_updates_apply
 from ..transcript.selectors import conversation_get, messages_list, stream_partial
 from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
-from ..transcript.turns import turn_enqueue_pending
+from ..transcript.turns import RUN_TURN, turn_enqueue_pending
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, recovering_frame, response_frame
 
@@ -315,7 +314,7 @@ class ChatTarget(RecoveryTarget):
 
     fiber_name = "__think_chat_turn:{request_id}"
 
-    task_name = run_turn.name
+    task_name = RUN_TURN
 
     def enqueue_next(self, owner_id: int) -> None:
         turn_enqueue_pending(owner_id)

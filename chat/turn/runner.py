@@ -16,9 +16,8 @@ import uuid
 from typing import Any
 
 from recovery import control, diagnostics
-from recovery.detection import fiber_interrupt, fiber_release
 from recovery.exceptions import LeaseLost
-from recovery.fibers import Claim, fiber_claim, worker_identity
+from recovery.fibers import Claim, fiber_claim, fiber_interrupt, fiber_release, worker_identity
 from recovery.flusher import flusher
 from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db

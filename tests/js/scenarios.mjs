@@ -99,7 +99,7 @@ class Tab {
       }
       const entry = { t: now(), gen: this.generation, ...data };
       this.received.push(entry);
-      // What useAgentChat's shared onmessage does for these three (reference §3.4, §7).
+      // What useAgentChat's shared onmessage does for these three (its react.tsx, in the published agents package).
       if (data.type === "cf_agent_stream_resuming") this.transport.handleStreamResuming(data);
       else if (data.type === "cf_agent_stream_resume_none") this.transport.handleStreamResumeNone(data);
       else if (data.type === "cf_agent_stream_pending") this.transport.handleStreamPending();
@@ -236,7 +236,7 @@ function withPart(message, toolCallId, changes) {
 }
 
 /**
- * After a tool answer: what useAgentChat does (reference §3.7 step 5), expectToolContinuation() then
+ * After a tool answer: what useAgentChat does after a tool result (docs/protocol.md), expectToolContinuation() then
  * reconnectToStream(), and the continuation folded onto `message`. When that stream ends without a chunk
  * (the probe was answered cf_agent_stream_resume_none), the hook shows the continuation through its
  * observer path instead: its live frames on the socket; `via` says which path it came through.

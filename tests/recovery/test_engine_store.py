@@ -52,10 +52,21 @@ from recovery.alarms import (
     alarm_schedule,
     alarms_claim_due,
 )
-from recovery.detection import HANDLING_TTL, RECOVERY_OWNER, fiber_interrupt, fiber_release, tick_claim
+from recovery.detection import tick_claim
 from recovery.engine import recover_fiber
 from recovery.exceptions import LeaseLost
-from recovery.fibers import STASH_SLOT, Claim, fiber_claim, fiber_finish, fiber_request_cancel, lease_ttl
+from recovery.fibers import (
+    HANDLING_TTL,
+    RECOVERY_OWNER,
+    STASH_SLOT,
+    Claim,
+    fiber_claim,
+    fiber_finish,
+    fiber_interrupt,
+    fiber_release,
+    fiber_request_cancel,
+    lease_ttl,
+)
 from recovery.incident_store import (
     incident_begin,
     incident_get,

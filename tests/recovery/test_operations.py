@@ -20,8 +20,7 @@ from chat.models import Conversation
 from chat.transcript.snapshot import TurnKind
 from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK
 from recovery import operations
-from recovery.detection import HANDLING_TTL, RECOVERY_OWNER
-from recovery.fibers import fiber_claim, fiber_heartbeat
+from recovery.fibers import HANDLING_TTL, RECOVERY_OWNER, fiber_claim, fiber_heartbeat
 from recovery.incidents import DEFAULT_TERMINAL_MESSAGE
 from recovery.models import Alarm, Fiber, Incident, Segment, Stream
 from tests.operator_support import (
