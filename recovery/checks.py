@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Info, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models
@@ -18,12 +19,13 @@ POSITIVE_NUMBERS = (
     "LEASE_TTL_S",
     "HEARTBEAT_INTERVAL_S",
     "RECOVERY_TICK_S",
+    "LIVENESS_CONFIRM_MS",
 )
 
 
 @register()
 def check_recovery_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    return [*_check_numbers(), *_check_switches(), *_check_owner()]
+    return [*_check_numbers(), *_check_switches(), *_check_owner(), *_check_liveness()]
 
 
 @register(Tags.security, deploy=True)
@@ -50,6 +52,10 @@ def _check_numbers() -> list[CheckMessage]:
         for key in POSITIVE_NUMBERS
         if not _positive_number(value := setting(key))
     ]
+    poll = setting("LIVENESS_POLL_MS")
+    if not (_positive_number(poll) or poll == 0) or isinstance(poll, bool):
+        message = f"THINK['LIVENESS_POLL_MS'] must be a positive number, or 0 (the tick alone), got {poll!r}."
+        errors.append(Error(message, id="think_recovery.E001"))
     threads = setting("DB_THREADS")
     if not (isinstance(threads, int) and not isinstance(threads, bool) and threads > 0):
         errors.append(
@@ -103,3 +109,57 @@ def _check_owner() -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _check_liveness() -> list[CheckMessage]:
+    """Which detectors of a dead worker are in force (recovery.liveness), and whether they can work."""
+    enabled, alias = setting("LIVENESS_SESSIONS"), setting("LIVENESS_DATABASE")
+    if not isinstance(enabled, bool):
+        return [Error("THINK['LIVENESS_SESSIONS'] must be True or False.", id="think_recovery.E006")]
+    if not enabled:
+        return [
+            CheckWarning(
+                "A dead worker's turns are detected by their lease alone (THINK['LIVENESS_SESSIONS'] is "
+                f"off): they resume LEASE_TTL_S ({setting('LEASE_TTL_S')} s) and a tick after it died.",
+                hint="Behind a pooler in transaction mode, give the liveness session a direct connection "
+                "(THINK['LIVENESS_DATABASE']) and turn it on (docs/operations.md).",
+                id="think_recovery.W002",
+            )
+        ]
+    database = settings.DATABASES.get(alias) if isinstance(alias, str) else None
+    if database is None:
+        return [
+            Error(
+                f"THINK['LIVENESS_DATABASE'] must name an entry of DATABASES, got {alias!r}.",
+                id="think_recovery.E007",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    confirm, interval = setting("LIVENESS_CONFIRM_MS"), setting("FLUSH_INTERVAL_MS")
+    if _positive_number(confirm) and _positive_number(interval) and confirm < 3 * interval:
+        messages.append(
+            Error(
+                "THINK['LIVENESS_CONFIRM_MS'] must be at least three flush intervals (FLUSH_INTERVAL_MS): "
+                "a worker that lost its session renews its leases once per flush tick meanwhile.",
+                id="think_recovery.E008",
+            )
+        )
+    if database.get("DISABLE_SERVER_SIDE_CURSORS") or str(database.get("PORT", "")) == "6432":
+        messages.append(
+            CheckWarning(
+                f"DATABASES[{alias!r}] looks like a pooler (PgBouncer): a session lock does not survive "
+                "transaction pooling, so the liveness session would watch nothing.",
+                hint="Point THINK['LIVENESS_DATABASE'] at a direct connection to Postgres, or set "
+                "THINK['LIVENESS_SESSIONS'] = False to rely on the lease alone.",
+                id="think_recovery.W003",
+            )
+        )
+    messages.append(
+        Info(
+            f"A dead worker's turns are detected by its lost liveness session (DATABASES[{alias!r}]) "
+            f"within about {setting('LIVENESS_CONFIRM_MS')} ms and two polls, and by its lease "
+            f"({setting('LEASE_TTL_S')} s) when the session cannot tell (a frozen process, a lost host).",
+            id="think_recovery.I001",
+        )
+    )
+    return messages

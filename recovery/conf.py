@@ -25,6 +25,17 @@ DEFAULTS: dict[str, Any] = {
     # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
     # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.
     "CANCEL_SIGNALS": True,
+    # Each worker process holds a Postgres session with an advisory lock (recovery.liveness), so a
+    # process that dies is noticed by its lost session in about a second instead of by its lease.
+    # Off behind a pooler in transaction mode unless LIVENESS_DATABASE names a direct connection.
+    "LIVENESS_SESSIONS": True,
+    "LIVENESS_DATABASE": "default",  # the DATABASES alias the liveness session connects to
+    # How often each live worker looks for the fibers of dead ones; 0: only the recovery tick looks.
+    "LIVENESS_POLL_MS": 250,
+    # A fiber whose owner's lock is free is taken over by a poll at least this long after another poll
+    # first saw it so, if its lease was not renewed in between: a process whose session dropped takes
+    # its key back, and renews on every flush tick meanwhile, well inside it.
+    "LIVENESS_CONFIRM_MS": 300,
     # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is open (firewall it).
     "METRICS_TOKEN": None,
 }

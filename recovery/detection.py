@@ -18,7 +18,8 @@ from django.db.models.functions import Now
 
 from . import metrics
 from .alarms import alarms_claim_due
-from .fibers import fibers_take_expired
+from .conf import setting
+from .fibers import fibers_take_expired, fibers_take_orphaned
 from .models import Fiber
 from .targets import recovery_target
 
@@ -32,10 +33,14 @@ class TickClaims:
 
 
 def tick_claim(*, limit: int = 100) -> TickClaims:
-    """Claim expired fibers and due alarms in one transaction."""
+    """Claim the fibers of dead workers (by their lost session, recovery.liveness, or their expired
+    lease) and due alarms in one transaction."""
     with transaction.atomic():
+        orphaned = fibers_take_orphaned(limit=limit) if setting("LIVENESS_SESSIONS") else []
         expired = fibers_take_expired(limit)
-        claims = TickClaims(fibers=[pk for pk, _ in expired], alarms=alarms_claim_due(limit=limit))
+        fibers = [*orphaned, *(pk for pk, _ in expired)]
+        claims = TickClaims(fibers=fibers, alarms=alarms_claim_due(limit=limit))
+    metrics.session_losses_observed(len(orphaned))
     metrics.lease_expiries_observed(status for _, status in expired)
     return claims
 

@@ -71,7 +71,7 @@ FOR UPDATE OF c
 # After the lock: a statement of its own, so it sees every claim committed while it waited.
 _CLAIM = """
 UPDATE {fiber} AS f SET status = 'running', fencing = f.fencing + 1, lease_owner = %(owner)s,
-    lease_expires_at = now() + %(ttl)s, heartbeat_at = now(), started_at = now()
+    lease_session = %(session)s, lease_expires_at = now() + %(ttl)s, heartbeat_at = now(), started_at = now()
 WHERE f.id = %(fiber)s AND f.status = 'pending' AND NOT EXISTS (
     SELECT 1 FROM {fiber} AS o
     WHERE o.conversation_id = f.conversation_id AND o.id <> f.id
@@ -81,12 +81,15 @@ RETURNING f.fencing, f.conversation_id, f.request_id, f.kind, f.snapshot
 """
 
 
-def fiber_claim(*, fiber_id: Any, owner: str, fields: Sequence[str] = ()) -> Claim | None:
+def fiber_claim(
+    *, fiber_id: Any, owner: str, fields: Sequence[str] = (), session: int | None = None
+) -> Claim | None:
     """Take the lease of a pending fiber; None when it is not pending or its conversation is busy.
 
     Claims are serialised per conversation by locking the conversation row, so only one turn of a
     conversation runs at a time across all workers, and turns start in the order they were accepted.
     `fields` are the owner row's fields the work needs to start, read under that lock (Claim.conversation).
+    `session`: the claiming process's liveness key while it holds its lock (recovery.liveness).
     """
     model = owner_model()
     owner_fields = [model._meta.get_field(name) for name in fields]
@@ -99,7 +102,7 @@ def fiber_claim(*, fiber_id: Any, owner: str, fields: Sequence[str] = ()) -> Cla
         locked = cursor.fetchone()
         if locked is None:
             return None
-        params: dict[str, Any] = {"fiber": fiber_id, "owner": owner, "ttl": lease_ttl()}
+        params: dict[str, Any] = {"fiber": fiber_id, "owner": owner, "ttl": lease_ttl(), "session": session}
         cursor.execute(_CLAIM.format(**tables), params)
         row = cursor.fetchone()
     if row is None:
@@ -312,3 +315,60 @@ def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
             lease_expires_at=Now() - timedelta(seconds=1)
         )
     )
+
+
+# The fibers of processes whose liveness session is gone (recovery.liveness), found in two sightings.
+# A poll that finds a running fiber's key free (it try-locks the key for the rest of its transaction)
+# marks the fiber; a later poll takes over a marked fiber whose key is still free and whose lease was not
+# renewed since the mark, once the mark is LIVENESS_CONFIRM_MS old. A live process whose session dropped
+# takes its key back, and renews its leases on every flush tick meanwhile, inside that window. Neither
+# poll trusts a free key while the server is younger than the lease (after a restart nobody held one).
+_SUSPECT = """
+WITH candidates AS MATERIALIZED (
+    SELECT id, lease_session FROM {fiber}
+    WHERE status = 'running' AND lease_session IS NOT NULL AND heartbeat_at < now() - %(fresh)s
+        AND (lease_lost_at IS NULL OR lease_lost_at < heartbeat_at)
+        AND pg_postmaster_start_time() < now() - %(settle)s
+    ORDER BY heartbeat_at LIMIT %(limit)s
+)
+UPDATE {fiber} AS f SET lease_lost_at = now()
+FROM candidates AS c
+WHERE f.id = c.id AND pg_try_advisory_xact_lock(c.lease_session)
+RETURNING f.id
+"""
+_ORPHANED = """
+WITH candidates AS MATERIALIZED (
+    SELECT id, lease_session FROM {fiber}
+    WHERE status = 'running' AND lease_lost_at < now() - %(confirm)s AND heartbeat_at < lease_lost_at
+        AND pg_postmaster_start_time() < now() - %(settle)s
+    ORDER BY lease_lost_at LIMIT %(limit)s
+)
+UPDATE {fiber} AS f SET status = 'interrupted', fencing = f.fencing + 1, lease_owner = %(recovery)s,
+    lease_expires_at = now() + %(handling)s
+FROM candidates AS c
+WHERE f.id = c.id AND f.status = 'running' AND pg_try_advisory_xact_lock(c.lease_session)
+RETURNING f.id
+"""
+# A lease renewed this recently is a live owner's whatever its session says (a streaming turn renews
+# on every flush tick): such fibers are not even try-locked.
+FRESH_LEASE = timedelta(milliseconds=150)
+
+
+def fibers_take_orphaned(*, limit: int = 100) -> list[Any]:
+    """Hand the running fibers of dead worker processes to the engine, as an expired lease would be,
+    and mark the ones seen without their owner's session for the next poll; the ids taken over. Call
+    inside a transaction (the locks it takes last until its end)."""
+    params: dict[str, Any] = {
+        "fresh": FRESH_LEASE,
+        "confirm": timedelta(milliseconds=float(setting("LIVENESS_CONFIRM_MS"))),
+        "settle": lease_ttl(),
+        "limit": limit,
+        "recovery": RECOVERY_OWNER,
+        "handling": HANDLING_TTL,
+    }
+    table = Fiber._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(_ORPHANED.format(fiber=table), params)
+        taken = [row[0] for row in cursor.fetchall()]
+        cursor.execute(_SUSPECT.format(fiber=table), params)
+    return taken

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import metrics
+from . import liveness, metrics
 from .conf import setting
 from .exceptions import LeaseLost
 from .runtime import DATABASE_LOST, db
@@ -130,6 +130,13 @@ class Flusher:
                 next_tick = max(next_tick + interval, now + interval / 2)
             await self._tick(now, heartbeat_s, regular=regular)
 
+    @staticmethod
+    def _renew_after(*, heartbeat_s: float) -> float:
+        """How long a quiet turn's lease goes unrenewed. While this process has lost its liveness
+        session, not at all: every tick renews, so its fibers never look abandoned to the session
+        detector (recovery.liveness), which confirms a suspicion a few ticks later."""
+        return 0.0 if liveness.degraded() else heartbeat_s
+
     async def _tick(self, now: float, heartbeat_s: float, *, regular: bool) -> None:
         # A writer nobody registered (a test's) is flushed when asked, and its lease is not kept.
         live = [w for w in {*self.writers, *self._waiting} if w.stopped is None]
@@ -144,10 +151,11 @@ class Flusher:
             elif writer.cancel_requested:
                 writer.discard()
         taken = {b.writer for b in batches}
+        renew_after = self._renew_after(heartbeat_s=heartbeat_s)
         renewals = [
             w
             for w in self.writers
-            if w.stopped is None and w not in taken and now - w.last_write >= heartbeat_s
+            if w.stopped is None and w not in taken and now - w.last_write >= renew_after
         ]
         if batches or renewals:
             await self._write(batches, renewals)

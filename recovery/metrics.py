@@ -77,6 +77,10 @@ LEASE_EXPIRIES = Counter(
     "Fibers claimed by the recovery tick because their lease lapsed, by the status they had.",
     ["status"],
 )
+SESSION_LOSSES = Counter(
+    "think_session_losses",
+    "Fibers taken over because the worker process that held them lost its liveness session (it died).",
+)
 CHUNK_LATENCY = Histogram(
     "think_stream_chunk_latency_seconds",
     "Per flushed batch: seconds from the oldest chunk's model delta to the publication of its frame.",
@@ -145,6 +149,11 @@ def flush_observed(*, chunks: int, oldest_age_s: float) -> None:
     """One flushed batch: its size and how long its oldest chunk waited until it was published."""
     FLUSH_CHUNKS.observe(chunks)
     CHUNK_LATENCY.observe(oldest_age_s)
+
+
+def session_losses_observed(count: int) -> None:
+    if count:
+        SESSION_LOSSES.inc(count)
 
 
 def lease_expiries_observed(statuses: Iterable[str]) -> None:

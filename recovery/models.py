@@ -41,6 +41,10 @@ class Fiber(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     snapshot = models.JSONField(null=True, blank=True)
     lease_owner = models.CharField(max_length=255, blank=True, default="")
+    # The liveness key of the process that holds the lease (recovery.liveness); None: lease only.
+    lease_session = models.BigIntegerField(null=True, blank=True)
+    # When a poll last found that key's session gone (a later poll confirms it before taking over).
+    lease_lost_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fencing = models.BigIntegerField(default=0)
     heartbeat_at = models.DateTimeField(null=True, blank=True)

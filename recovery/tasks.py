@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_process_init, worker_ready
 
 from . import runtime
 
@@ -71,3 +72,22 @@ def streams_sweep() -> int:
     from .retention import streams_sweep as sweep
 
     return sweep()
+
+
+@worker_ready.connect
+def start_liveness(sender: object = None, **kwargs: object) -> None:
+    """The process that runs the turns holds a liveness session (recovery.liveness): the worker
+    itself, unless a prefork pool runs them in its children (they start theirs as they start)."""
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    from . import liveness
+
+    if not isinstance(getattr(sender, "pool", None), PreforkPool):
+        liveness.start()
+
+
+@worker_process_init.connect
+def start_liveness_in_child(**kwargs: object) -> None:
+    from . import liveness
+
+    liveness.start()

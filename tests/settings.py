@@ -50,8 +50,10 @@ THINK = {
         "litellm-read-agent": "tests.agents.LitellmReadAgent",
     },
 }
-# A stack may stretch the lease, to show what happens before a heartbeat (tests/e2e/test_stop.py).
-for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S"):
+# A stack may stretch the lease, to show what happens before a heartbeat (tests/e2e/test_stop.py), or
+# keep its workers from polling for dead ones (the shared stack: it must not take the fibers of the
+# stacks that tests kill, which their own workers and beat recover from their own queue).
+for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S", "LIVENESS_POLL_MS"):
     if os.environ.get(f"THINK_TEST_{_key}"):
         THINK[_key] = float(os.environ[f"THINK_TEST_{_key}"])
 ROOT_URLCONF = "tests.urls"

@@ -177,6 +177,8 @@ if os.environ.get("THINK_STREAM_PERSIST") == "0":  # benchmarks only: measures w
     THINK["STREAM_PERSIST"] = False
 if os.environ.get("THINK_CANCEL_SIGNALS") == "0":  # behind PgBouncer in transaction mode (docs/operations.md)
     THINK["CANCEL_SIGNALS"] = False
+if os.environ.get("THINK_LIVENESS_SESSIONS") == "0":  # the lease alone detects a dead worker (same reason)
+    THINK["LIVENESS_SESSIONS"] = False
 
 from recovery.schedules import beat_schedule  # noqa: E402
 

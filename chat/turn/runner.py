@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from recovery import control, diagnostics
+from recovery import control, diagnostics, liveness
 from recovery.exceptions import LeaseLost
 from recovery.fibers import Claim, fiber_claim, fiber_interrupt, fiber_release, worker_identity
 from recovery.flusher import flusher
@@ -43,6 +43,7 @@ from .tools import Toolset
 
 logger = logging.getLogger(__name__)
 
+LIVENESS_WAIT_S = 1.0
 # What a turn needs of its conversation to start, read by the claim while it holds the row's lock.
 CLAIM_FIELDS = ("agent", "name", "last_client_tools")
 # Runners of this process, so a worker shutdown can hand every turn to recovery at once.
@@ -56,7 +57,16 @@ async def turn_run(fiber_id: str, *, on_chunk: ChunkCallback | None = None) -> T
     # Listening before the claim: a cancel can only be signalled once the claim has committed.
     control.watch(fiber_id, lambda: loop.call_soon_threadsafe(signal.fire))
     try:
-        claim = await db(fiber_claim, fiber_id=fiber_id, owner=worker_identity(), fields=CLAIM_FIELDS)
+        # The claim records this process's liveness key while it holds its session (recovery.liveness);
+        # right after start-up it waits an instant for it, so the turn is watched by both detectors.
+        await liveness.wait_held(LIVENESS_WAIT_S)
+        claim = await db(
+            fiber_claim,
+            fiber_id=fiber_id,
+            owner=worker_identity(),
+            fields=CLAIM_FIELDS,
+            session=liveness.session_key(),
+        )
         if claim is None:
             logger.info("fiber %s not claimed (already taken, finished, or waiting its turn)", fiber_id)
             return None
