@@ -1,10 +1,13 @@
 """Recovery latency (P2): SIGKILL of the worker running a turn -> first continued chunk at the client.
 
 Two turn workers run, as in any real deployment; the one holding the turn's lease is killed with
-SIGKILL mid-stream and replaced (outside the timed window). The figure depends on THINK["LEASE_TTL_S"]
-(default 3 s), THINK["HEARTBEAT_INTERVAL_S"] (1 s) and the beat tick (THINK_RECOVERY_TICK_S, 1 s).
+SIGKILL mid-stream and replaced (outside the timed window). It is measured with each detector of a
+dead worker, in one run: its lost liveness session (recovery.liveness: THINK["LIVENESS_CONFIRM_MS"],
+300 ms, and the workers' poll, 250 ms) and, with the sessions off, its lease alone
+(THINK["LEASE_TTL_S"], 3 s, THINK["HEARTBEAT_INTERVAL_S"], 1 s, and the beat tick, 1 s).
 
-    .venv/bin/python bench/recovery_latency.py --rounds 10
+    .venv/bin/python bench/recovery_latency.py --rounds 30
+    .venv/bin/python bench/recovery_latency.py --rounds 10 --detectors lease
 """
 
 from __future__ import annotations
@@ -58,28 +61,41 @@ async def one_round(port: int, workers: list, env: dict, logs: object) -> float:
     return latency
 
 
-async def main(rounds: int) -> None:
+DETECTORS = {"session": {}, "lease": {"THINK_LIVENESS_SESSIONS": "0"}}
+
+
+async def main(rounds: int, detectors: list[str]) -> None:
     setup_django()
+    results = {detector: await measure(rounds, detector) for detector in detectors}
+    print()
+    for detector, latencies in results.items():
+        print(f"recovery latency, {detector} detector (s): {summary(latencies)}")
+    print(
+        "settings: LEASE_TTL_S=3.0 HEARTBEAT_INTERVAL_S=1.0 tick=1.0 s; LIVENESS_CONFIRM_MS=300"
+        " LIVENESS_POLL_MS=250; 2 threads-pool workers"
+    )
+
+
+async def measure(rounds: int, detector: str) -> list[float]:
     from tests.support import start_beat, start_daphne, start_worker
 
     with log_dir() as logs, scripted_model_process(logs, 20) as model_url:
-        env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT), **DETECTORS[detector])
         procs = []
         try:
             daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
             procs.append(daphne)
             procs.append(start_beat(env, logs))
             workers = [start_worker(env, logs, name="bench-worker") for _ in range(2)]
-            latencies = []
+            latencies: list[float] = []
             for n in range(1, rounds + 1):
                 latency = await one_round(port, workers, env, logs)
                 if latency != latency:  # NaN: skipped round
-                    progress(f"round {n}/{rounds}: skipped (no live owner to kill)")
+                    progress(f"{detector} round {n}/{rounds}: skipped (no live owner to kill)")
                     continue
                 latencies.append(latency)
-                progress(f"round {n}/{rounds}: SIGKILL -> first continued chunk {latencies[-1]:.2f} s")
-            print(f"\nrecovery latency (s): {summary(latencies)}")
-            print("settings: LEASE_TTL_S=3.0 HEARTBEAT_INTERVAL_S=1.0 tick=1.0 s, 2 threads-pool workers")
+                progress(f"{detector} round {n}/{rounds}: SIGKILL -> first continued chunk {latency:.2f} s")
+            return latencies
         finally:
             for proc in [*procs, *locals().get("workers", [])]:
                 proc.stop()
@@ -87,5 +103,7 @@ async def main(rounds: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    asyncio.run(main(parser.parse_args().rounds))
+    parser.add_argument("--rounds", type=int, default=10, help="kills per detector")
+    parser.add_argument("--detectors", nargs="+", choices=list(DETECTORS), default=list(DETECTORS))
+    args = parser.parse_args()
+    asyncio.run(main(args.rounds, args.detectors))

@@ -28,6 +28,8 @@ from django.utils.module_loading import import_string
 
 from .conf import think_setting
 from .exceptions import AccessDenied
+from .transcript.selectors import conversation_get
+from .transcript.services import conversation_get_or_create
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -167,7 +169,6 @@ def access_policy() -> AccessPolicy:
 
 def conversation_open(*, agent: str, name: str, credentials: Credentials) -> Conversation:
     """The conversation the caller may use, created for them (they own it) if new; else AccessDenied."""
-    from .transcript.services import conversation_get_or_create
 
     policy = access_policy()
     principal = policy.principal(credentials)
@@ -182,7 +183,6 @@ def conversation_read(*, agent: str, name: str, credentials: Credentials) -> Con
 
     Unlike `conversation_open`, nothing is created (a GET never writes).
     """
-    from .transcript.selectors import conversation_get
 
     policy = access_policy()
     principal = policy.principal(credentials)

@@ -22,12 +22,16 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
+from recovery.fibers import fiber_stash
 from recovery.incidents import ChatRecovery, ExhaustedContext, ProgressContext, resolve_chat_recovery
+from recovery.runtime import db
 
 from .conf import default_model, think_setting
-from .exceptions import UnknownAgent
+from .exceptions import AccessDenied, UnknownAgent
+from .handle import AgentHandle
 from .transcript.compaction import CompactionFunction, CompactionResult, Session, create_compact_function
 from .transcript.repair import default_repair
+from .transcript.services import conversation_claim, conversation_get_or_create
 from .turn import llm
 from .turn.errors import default_chat_error_classifier
 from .turn.loop import StepResult
@@ -156,7 +160,7 @@ class Think:
 
     def get_compaction(self) -> CompactionFunction | None:
         """The compaction function: `compaction` (a plain function there is not made a method)."""
-        return _plain_attribute(type(self), "compaction")
+        return plain_attribute(type(self), "compaction")
 
     # -- hooks -------------------------------------------------------------------------------------------
     def configure_session(self, session: Session) -> None:
@@ -181,6 +185,11 @@ class Think:
     def repair_interrupted_tool_part(self, part: dict[str, Any]) -> dict[str, Any]:
         """The replacement of a tool part an interruption left without a result (must be settled)."""
         return default_repair(part)
+
+    def recovers_model_errors(self) -> bool:
+        """Whether a rate-limited or transiently failed model call goes to recovery (else the turn ends
+        with its error at once): by default, unless `chat_recovery` is False."""
+        return self.chat_recovery is not False
 
     async def on_chat_recovery(self, ctx: ChatRecoveryContext) -> ChatRecoveryOptions | None:
         """Decide what happens to an interrupted turn: keep the partial, continue or retry it."""
@@ -212,13 +221,11 @@ class Think:
     @property
     def handle(self) -> AgentHandle:
         """This agent's conversation, for what code outside a turn does with it (chat.handle)."""
-        from .handle import AgentHandle
 
         return AgentHandle(self)
 
     def stash(self, data: Any) -> None:
         """Keep JSON data with the running turn; recovery hands it back as `ctx.recovery_data`."""
-        from recovery.fibers import fiber_stash
 
         turn = self.turn
         if turn is None:
@@ -226,7 +233,6 @@ class Think:
         fiber_stash(fiber_id=turn.fiber_id, fencing=turn.fencing, data=data)
 
     async def astash(self, data: Any) -> None:
-        from recovery.runtime import db
 
         await db(self.stash, data)
 
@@ -264,7 +270,7 @@ def recovery_config(agent: Think) -> ChatRecovery:
     )
 
 
-def _plain_attribute(cls: type, name: str) -> Any:
+def plain_attribute(cls: type, name: str) -> Any:
     """A class attribute as it was assigned: a function stays a function, not a method of the agent."""
     value = inspect.getattr_static(cls, name, None)
     return value.__func__ if isinstance(value, staticmethod) else value
@@ -272,10 +278,10 @@ def _plain_attribute(cls: type, name: str) -> Any:
 
 def current_agent() -> Think | None:
     """The agent whose turn is running in this context (tools use it to reach `stash`, say)."""
-    return _current_agent.get()
+    return current_agent_var.get()
 
 
-_current_agent: ContextVar[Think | None] = ContextVar("think_current_agent", default=None)
+current_agent_var: ContextVar[Think | None] = ContextVar("think_current_agent", default=None)
 
 
 def agent_names() -> list[str]:
@@ -316,9 +322,6 @@ def open_agent(agent: str, name: str, *, owner: str | None = None) -> AgentHandl
     conversation becomes theirs; one that belongs to someone else raises AccessDenied. Without it the
     conversation keeps its owner, and one created here has none (server code only).
     """
-    from .exceptions import AccessDenied
-    from .handle import AgentHandle
-    from .transcript.services import conversation_claim, conversation_get_or_create
 
     agent_class(agent)  # UnknownAgent before anything is written
     conversation = conversation_get_or_create(agent=agent, name=name, owner=owner or "")

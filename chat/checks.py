@@ -12,7 +12,8 @@ from django.utils.module_loading import import_string
 
 from recovery.incidents import ChatRecovery
 
-from .agents import MESSAGE_CONCURRENCY_POLICIES, Think, _plain_attribute
+from .access import AccessPolicy
+from .agents import MESSAGE_CONCURRENCY_POLICIES, Think, kebab, plain_attribute
 from .conf import think_setting
 from .turn.overflow import ContextOverflow
 from .turn.tools import Tool
@@ -35,7 +36,6 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 
 
 def _check_access() -> list[CheckMessage]:
-    from .access import AccessPolicy
 
     errors: list[CheckMessage] = []
     path = think_setting("ACCESS_POLICY")
@@ -62,7 +62,6 @@ def _check_agents() -> list[CheckMessage]:
         return [
             Error("THINK['AGENTS'] must be a non-empty dict of name -> dotted path.", id="think_chat.E001")
         ]
-    from .agents import kebab
 
     errors: list[CheckMessage] = []
     for name, path in agents.items():
@@ -154,7 +153,7 @@ def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
     elif overflow is not None and not _compacts(cls):
         hint = "Set `compaction = create_compact_function()` (or session.on_compaction in configure_session)."
         found.append(("context_overflow needs a compaction function, and the agent has none.", "E017", hint))
-    compaction = _plain_attribute(cls, "compaction")
+    compaction = plain_attribute(cls, "compaction")
     if compaction is not None and not callable(compaction):
         found.append((f"compaction must be a function or None, got {compaction!r}.", "E018", None))
     tools = cls.tools
@@ -198,7 +197,7 @@ def _tool_list(tools: Any) -> bool:
 def _compacts(cls: type[Think]) -> bool:
     """Whether the agent can compact: a compaction function, or its own session set-up or getter."""
     return (
-        _plain_attribute(cls, "compaction") is not None
+        plain_attribute(cls, "compaction") is not None
         or cls.configure_session is not Think.configure_session
         or cls.get_compaction is not Think.get_compaction
     )

@@ -13,13 +13,23 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from recovery import runtime
 from recovery.fibers import conversation_busy
 from recovery.models import Fiber
+from recovery.runtime import db
 
 from .models import Conversation, Submission
-from .transcript.selectors import chain_outcome
+from .transcript.repair import pending_interaction
+from .transcript.selectors import chain_outcome, messages_list
 from .transcript.snapshot import TurnKind
-from .transcript.turns import POLL_S, MessagesOrFunction, TurnResult, turn_start_programmatic
+from .transcript.submissions import submission_cancel, submission_create, submission_delete, submission_get
+from .transcript.turns import (
+    POLL_S,
+    MessagesOrFunction,
+    TurnResult,
+    turn_start_programmatic,
+    turn_start_recovered,
+)
 
 if TYPE_CHECKING:
     from .agents import ChunkCallback, Think
@@ -40,7 +50,7 @@ def turn_wait(*, conversation_id: int, request_id: str, timeout: float | None = 
 
 @dataclass(frozen=True)
 class ChatResult:
-    """The outcome of `Think.chat()`: the turn's status and the assistant message it produced."""
+    """The outcome of `AgentHandle.chat()`: the turn's status and the assistant message it produced."""
 
     request_id: str
     status: str
@@ -56,9 +66,7 @@ async def chat_run(
     handle: AgentHandle, messages: Any, *, on_chunk: ChunkCallback | None, timeout: float | None
 ) -> ChatResult:
     """Run a programmatic turn on this event loop; recovery takes over if this process dies."""
-    from recovery.runtime import db
 
-    from .transcript.selectors import messages_list
     from .turn.runner import turn_run
 
     conversation_id = handle.conversation_id
@@ -107,7 +115,6 @@ class AgentHandle:
     # -- the transcript and its state -------------------------------------------------------------------
     def messages(self) -> list[dict[str, Any]]:
         """The stored transcript, as UIMessages."""
-        from .transcript.selectors import messages_list
 
         return messages_list(conversation_id=self.conversation_id)
 
@@ -116,7 +123,6 @@ class AgentHandle:
 
         `extra` adds messages not stored yet (the partial of an interrupted turn).
         """
-        from .transcript.repair import pending_interaction
 
         conversation = Conversation.objects.only("last_client_tools").get(pk=self.conversation_id)
         tools = conversation.last_client_tools or []
@@ -139,7 +145,6 @@ class AgentHandle:
 
     async def await_stable(self, timeout: float | None = None) -> bool:
         """wait_until_stable for async callers (the recovery alarms)."""
-        from recovery.runtime import db
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -172,7 +177,6 @@ class AgentHandle:
 
         Skipped (request id "") unless the last message is an assistant message.
         """
-        from .transcript.turns import turn_start_recovered
 
         started = turn_start_recovered(
             conversation_id=self.conversation_id,
@@ -200,7 +204,6 @@ class AgentHandle:
         self, messages: Any, *, on_chunk: ChunkCallback | None = None, timeout: float | None = None
     ) -> ChatResult:
         """achat() for synchronous callers (a view, a management command, a Celery task)."""
-        from recovery import runtime
 
         return runtime.run(self.achat(messages, on_chunk=on_chunk, timeout=timeout))
 
@@ -214,7 +217,6 @@ class AgentHandle:
         metadata: dict[str, Any] | None = None,
     ) -> SubmitResult:
         """Accept messages durably and run them as a turn when the conversation is free (idempotent)."""
-        from .transcript.submissions import submission_create
 
         return submission_create(
             conversation_id=self.conversation_id,
@@ -226,12 +228,10 @@ class AgentHandle:
 
     def cancel_submission(self, submission_id: str) -> bool:
         """Abort a pending or running submission; False when it had already ended."""
-        from .transcript.submissions import submission_cancel
 
         return submission_cancel(conversation_id=self.conversation_id, submission_id=submission_id)
 
     def get_submission(self, submission_id: str) -> Submission:
-        from .transcript.submissions import submission_get
 
         return submission_get(conversation_id=self.conversation_id, submission_id=submission_id)
 
@@ -240,6 +240,5 @@ class AgentHandle:
 
     def delete_submission(self, submission_id: str) -> bool:
         """Delete a finished submission (open ones are kept: False)."""
-        from .transcript.submissions import submission_delete
 
         return submission_delete(conversation_id=self.conversation_id, submission_id=submission_id)

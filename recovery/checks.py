@@ -30,15 +30,19 @@ def check_recovery_settings(app_configs: Any = None, **kwargs: Any) -> list[Chec
 
 @register(Tags.security, deploy=True)
 def check_recovery_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """What `manage.py check --deploy` says: which detectors of a dead worker are in force, and an open
+    metrics endpoint."""
+    messages = _detectors_in_force()
     if setting("METRICS_TOKEN"):
-        return []
+        return messages
     return [
+        *messages,
         CheckWarning(
             "GET /metrics is open to anyone who can reach it (THINK['METRICS_TOKEN'] is not set).",
             hint="Set THINK['METRICS_TOKEN'] (the scraper sends it as a bearer token), or keep the "
             "metrics URL off the public network.",
             id="think_recovery.W001",
-        )
+        ),
     ]
 
 
@@ -112,38 +116,49 @@ def _check_owner() -> list[CheckMessage]:
 
 
 def _check_liveness() -> list[CheckMessage]:
-    """Which detectors of a dead worker are in force (recovery.liveness), and whether they can work."""
+    """The liveness settings (recovery.liveness) hold together."""
     enabled, alias = setting("LIVENESS_SESSIONS"), setting("LIVENESS_DATABASE")
     if not isinstance(enabled, bool):
         return [Error("THINK['LIVENESS_SESSIONS'] must be True or False.", id="think_recovery.E006")]
     if not enabled:
-        return [
-            CheckWarning(
-                "A dead worker's turns are detected by their lease alone (THINK['LIVENESS_SESSIONS'] is "
-                f"off): they resume LEASE_TTL_S ({setting('LEASE_TTL_S')} s) and a tick after it died.",
-                hint="Behind a pooler in transaction mode, give the liveness session a direct connection "
-                "(THINK['LIVENESS_DATABASE']) and turn it on (docs/operations.md).",
-                id="think_recovery.W002",
-            )
-        ]
-    database = settings.DATABASES.get(alias) if isinstance(alias, str) else None
-    if database is None:
+        return []
+    if not (isinstance(alias, str) and alias in settings.DATABASES):
         return [
             Error(
                 f"THINK['LIVENESS_DATABASE'] must name an entry of DATABASES, got {alias!r}.",
                 id="think_recovery.E007",
             )
         ]
-    messages: list[CheckMessage] = []
     confirm, interval = setting("LIVENESS_CONFIRM_MS"), setting("FLUSH_INTERVAL_MS")
     if _positive_number(confirm) and _positive_number(interval) and confirm < 3 * interval:
-        messages.append(
+        return [
             Error(
                 "THINK['LIVENESS_CONFIRM_MS'] must be at least three flush intervals (FLUSH_INTERVAL_MS): "
                 "a worker that lost its session renews its leases once per flush tick meanwhile.",
                 id="think_recovery.E008",
             )
-        )
+        ]
+    return []
+
+
+def _detectors_in_force() -> list[CheckMessage]:
+    """Which detectors of a dead worker are in force, and whether the session one can work (a pooler)."""
+    enabled, alias = setting("LIVENESS_SESSIONS"), setting("LIVENESS_DATABASE")
+    ttl = setting("LEASE_TTL_S")
+    if enabled is False:
+        return [
+            CheckWarning(
+                "A dead worker's turns are detected by their lease alone (THINK['LIVENESS_SESSIONS'] is "
+                f"off): they resume LEASE_TTL_S ({ttl} s) and a tick after it died.",
+                hint="Behind a pooler in transaction mode, give the liveness session a direct connection "
+                "(THINK['LIVENESS_DATABASE']) and turn it on (docs/operations.md).",
+                id="think_recovery.W002",
+            )
+        ]
+    database = settings.DATABASES.get(alias) if isinstance(alias, str) else None
+    if enabled is not True or database is None:
+        return []  # check_recovery_settings reports it
+    messages: list[CheckMessage] = []
     if database.get("DISABLE_SERVER_SIDE_CURSORS") or str(database.get("PORT", "")) == "6432":
         messages.append(
             CheckWarning(
@@ -158,7 +173,7 @@ def _check_liveness() -> list[CheckMessage]:
         Info(
             f"A dead worker's turns are detected by its lost liveness session (DATABASES[{alias!r}]) "
             f"within about {setting('LIVENESS_CONFIRM_MS')} ms and two polls, and by its lease "
-            f"({setting('LEASE_TTL_S')} s) when the session cannot tell (a frozen process, a lost host).",
+            f"({ttl} s) when the session cannot tell (a frozen process, a lost host).",
             id="think_recovery.I001",
         )
     )

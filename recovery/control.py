@@ -5,7 +5,7 @@ the worker, `chat.tasks`).
 `fiber_request_cancel` NOTIFYs that channel in the transaction that sets the fiber's cancel flag, so
 the signal leaves exactly when the flag commits, and the process that holds the fiber stops the turn
 within a millisecond or two instead of at its next flush or heartbeat. (A turn run in a process
-without the session, such as `Think.chat()` in a web process, hears of it at its next heartbeat.)
+without the session, such as a turn run in a web process, hears of it at its next heartbeat.)
 
 The flag stays the durable copy. A process without its listening session (the connection dropped, a
 pooler in transaction mode where LISTEN does not work) hears of the cancel at its next flush or

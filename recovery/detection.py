@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from . import metrics
 from .alarms import alarms_claim_due
 from .conf import setting
-from .fibers import fibers_take_expired, fibers_take_orphaned
+from .fibers import fibers_mark_resent, fibers_take_expired, fibers_take_orphaned
 from .models import Fiber
 from .targets import recovery_target
 
@@ -67,7 +67,9 @@ def fibers_requeue_stale(*, limit: int = 100) -> int:
         stale = _pending_for(REQUEUE_AFTER)
     conversations = list(stale.values_list("conversation_id", flat=True).distinct()[:limit])
     for conversation_id in conversations:
-        stale.filter(conversation_id=conversation_id).update(heartbeat_at=Now())
+        fibers_mark_resent(
+            ids=list(stale.filter(conversation_id=conversation_id).values_list("pk", flat=True))
+        )
         recovery_target().enqueue_next(conversation_id)
     return len(conversations)
 

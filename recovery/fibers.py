@@ -23,6 +23,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Now, NullIf
 
 from .conf import setting
+from .control import notify_cancel
 from .exceptions import LeaseLost
 from .models import Fiber, owner_model
 
@@ -181,7 +182,6 @@ def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
 
     A running one gets the flag, and its worker the signal (`recovery.control`) when it commits.
     """
-    from .control import notify_cancel
 
     fibers = Fiber.objects.filter(conversation_id=conversation_id, request_id=request_id)
     with transaction.atomic():
@@ -199,8 +199,9 @@ def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
 
 
 def conversation_busy(conversation_id: int) -> bool:
-    """A turn of the conversation is queued, running or being recovered (an active fiber holds it):
-    the one answer to "is the conversation busy?"."""
+    """A turn of the conversation is queued or running (an active fiber holds it; an interrupted one
+    is the engine's, and its continuation is queued once scheduled): the one answer to "is the
+    conversation busy?"."""
     return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
 
 
@@ -223,6 +224,11 @@ def next_pending_fiber(*, conversation_id: int) -> Any | None:
     return (
         fibers.filter(status=Fiber.Status.PENDING).order_by("created_at").values_list("pk", flat=True).first()
     )
+
+
+def fibers_mark_resent(*, ids: Sequence[Any]) -> None:
+    """Pending fibers whose task was sent again: their wait for the next resend starts now."""
+    Fiber.objects.filter(pk__in=ids, status=Fiber.Status.PENDING).update(heartbeat_at=Now())
 
 
 def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:

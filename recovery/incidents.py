@@ -485,7 +485,7 @@ def record_oom_and_decide(
     """Count an attempt that died of memory exhaustion; returns (record to persist, exhausted).
 
     OOM has its own budget because re-running an OOM-ing turn streams a little progress that would reset
-    the attempt cap forever (#1825), so `attempt` is left alone. Below budget the record is rescheduled
+    the attempt cap forever, so `attempt` is left alone. Below budget the record is rescheduled
     (`oom_retry`). Over budget the bumped count and reason `out_of_memory` are kept (so a later begin-path
     evaluation agrees) but the status is not sealed: the give-up spine skips records already marked
     exhausted, and sealing here would swallow the terminal banner. A missing record cannot carry a count,

@@ -34,7 +34,9 @@ import random
 import threading
 from typing import Any
 
+from . import metrics
 from .conf import setting
+from .fibers import fibers_take_orphaned
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +175,6 @@ def take_orphaned(limit: int = 100) -> list[Any]:
     """Take over the fibers of processes whose session is gone, and send each to the engine."""
     from django.db import transaction
 
-    from . import metrics
-    from .fibers import fibers_take_orphaned
     from .tasks import recover_fiber
 
     with transaction.atomic():

@@ -188,6 +188,7 @@ class OpenIncidentsCollector:
 
 
 def _open_incident_counts() -> dict[str, int]:
+    # At scrape time only: the metrics are importable (and written) before Django is set up.
     from django.db.models import Count
 
     from .models import Incident

@@ -14,9 +14,14 @@ from .conf import owner_model_label
 OWNER_MODEL = owner_model_label()
 
 
+# The statuses of a fiber that holds its conversation.
+ACTIVE_STATUSES = ("pending", "running")
+
+
 class FiberQuerySet(models.QuerySet["Fiber"]):
     def active(self) -> FiberQuerySet:
-        return self.filter(status__in=[Fiber.Status.PENDING, Fiber.Status.RUNNING])
+        """Queued or running: what makes a conversation busy (recovery.fibers.conversation_busy)."""
+        return self.filter(status__in=ACTIVE_STATUSES)
 
 
 class Fiber(models.Model):

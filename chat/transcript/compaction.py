@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
+from recovery.runtime import db
+
 from ..models import Compaction, Conversation, Message
+from .selectors import messages_list
 
 if TYPE_CHECKING:
     from ..agents import Think
@@ -83,9 +86,6 @@ class Session:
 
     async def compact(self) -> Compaction | None:
         """Run the compaction function and store its overlay; None when it did not shorten anything."""
-        from recovery.runtime import db
-
-        from .selectors import messages_list
 
         if self._compaction is None:
             raise RuntimeError("no compaction function: call session.on_compaction(fn) in configure_session")

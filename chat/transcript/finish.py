@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from recovery.fibers import fiber_finish_on
 from recovery.models import Fiber, Stream
 
-from ..models import Conversation, Message
+from ..models import Conversation, Message, Submission
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 from .snapshot import FiberSnapshot
 from .submissions import submission_turn_finished, submissions_drain
@@ -82,7 +82,6 @@ SELECT (SELECT id FROM {fiber} WHERE conversation_id = %(conversation)s AND stat
 
 
 def _tables() -> dict[str, str]:
-    from ..models import Submission
 
     return {
         "conversation": Conversation._meta.db_table,

@@ -19,6 +19,7 @@ from recovery.models import Fiber
 from ..models import Conversation, Message
 from ..wire.protocol import ToolApproval, ToolResult
 from .repair import batch_complete, is_settled
+from .turns import turn_start_followup
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,6 @@ def interaction_apply(
 
     `owner`, the connection that answered, owns the continuation it starts.
     """
-    from .turns import turn_start_followup
 
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(pk=conversation_id)

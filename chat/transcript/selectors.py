@@ -139,7 +139,7 @@ def chain_outcome(*, conversation_id: int, root_request_id: str) -> str | None:
     ).exists():
         return None
     alarms = Alarm.objects.filter(conversation_id=conversation_id, payload__originalRequestId=root_request_id)
-    if alarms.exists():  # a continue or retry is scheduled (both kinds: a reference gap, #2276)
+    if alarms.exists():  # a continue or a retry is scheduled: either keeps the chain open
         return None
     last = chain.order_by("-created_at").first()
     if last is None:

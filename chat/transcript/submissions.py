@@ -18,12 +18,15 @@ from django.db.models.functions import Now
 
 from recovery import diagnostics
 from recovery.alarms import alarm_claim, alarm_schedule
-from recovery.models import Fiber
+from recovery.fibers import fiber_request_cancel
+from recovery.models import ACTIVE_STATUSES, Fiber
+from recovery.runtime import db
+from recovery.tasks import fire_alarm
 
-from ..exceptions import SubmissionConflict, SubmissionNotFound
+from ..exceptions import ConversationBusy, SubmissionConflict, SubmissionNotFound
 from ..models import Conversation, Submission
 from .selectors import chain_outcome
-from .turns import ui_messages
+from .turns import turn_start_programmatic, ui_messages
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +58,6 @@ def _schedule_drain(conversation_id: int) -> None:
 
     def fire() -> None:  # due now: fire at once, the row stays the durable copy
         if alarm_claim(alarm_id=alarm.pk):
-            from recovery.tasks import fire_alarm
-
             fire_alarm.delay(alarm.pk)
 
     transaction.on_commit(fire)
@@ -115,8 +116,6 @@ def _new_id() -> str:
 
 def submissions_drain(*, conversation_id: int) -> str | None:
     """Start the oldest pending submission if the conversation is free; its request id, or None."""
-    from ..exceptions import ConversationBusy
-    from .turns import turn_start_programmatic
 
     row = (
         Submission.objects.filter(conversation_id=conversation_id, status=Submission.Status.PENDING)
@@ -194,7 +193,6 @@ def submission_turn_finished(*, conversation_id: int, root_request_id: str) -> N
 
 async def drain_alarm(conversation: Conversation, data: dict[str, Any]) -> None:
     """The drain alarm's callback (registered in chat.apps): start the next pending submission."""
-    from recovery.runtime import db
 
     await db(submissions_drain, conversation_id=conversation.pk)
 
@@ -213,7 +211,7 @@ def submissions_sweep() -> int:
             settled += 1
     pending = (
         Submission.objects.filter(status=Submission.Status.PENDING)
-        .exclude(conversation__fibers__status__in=[Fiber.Status.PENDING, Fiber.Status.RUNNING])
+        .exclude(conversation__fibers__status__in=ACTIVE_STATUSES)
         .values_list("conversation_id", flat=True)
         .distinct()
     )
@@ -224,7 +222,6 @@ def submissions_sweep() -> int:
 
 def submission_cancel(*, conversation_id: int, submission_id: str) -> bool:
     """Abort a pending or running submission (its turn stops, keeping its partial); False if it had ended."""
-    from recovery.fibers import fiber_request_cancel
 
     row = Submission.objects.filter(conversation_id=conversation_id, submission_id=submission_id).first()
     if row is None:

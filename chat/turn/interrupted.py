@@ -123,7 +123,7 @@ class InterruptedTurn:
     def kind(self) -> str:
         """retry when nothing was produced and the user message is unanswered, else continue.
 
-        Unlike the reference, a stream that was opened but stayed empty is a retry too (#2105/#2276):
+        Unlike the reference, a stream that was opened but stayed empty is a retry too:
         a continuation would find the user message as the leaf and silently drop the turn.
         """
         snapshot = self.snapshot
@@ -339,7 +339,7 @@ class ChatTarget(RecoveryTarget):
     async def persist(self, work: Any, *, keep: bool) -> None:
         """Settle a stream left open by the dead turn: store its partial (when allowed) and close it.
 
-        Settled tool results are never dropped, whatever `keep` says (reference #1631).
+        Settled tool results are never dropped, whatever `keep` says: a tool must never run twice.
         """
         if work.stream is None or work.stream.status != Stream.Status.STREAMING:
             return

@@ -204,7 +204,7 @@ def _proxy(url: str) -> tuple[Any, Any]:
 @contextlib.asynccontextmanager
 async def _session() -> AsyncGenerator[Any, None]:
     """The worker's pool (its loop lives as long as the process, and so do its connections); any other
-    loop (a `Think.chat()` caller's, a test's) gets a session of its own for the call."""
+    loop (an `AgentHandle.chat()` caller's, a test's) gets a session of its own for the call."""
     global _pool
     from recovery.runtime import owns_running_loop
 

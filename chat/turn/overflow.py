@@ -15,6 +15,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from recovery import diagnostics
+from recovery.runtime import db
+
+from ..transcript.selectors import messages_list
+from ..wire import broadcast
+from ..wire.protocol import chat_messages_frame
+
 logger = logging.getLogger(__name__)
 
 CONTEXT_OVERFLOW = "context_overflow"
@@ -56,7 +63,7 @@ class Proactive:
 
 @dataclass(frozen=True)
 class ContextOverflow:
-    """Both layers are off unless asked for; both need `configure_session` to register a compaction."""
+    """Both layers are off unless asked for; both need a compaction function (`Think.compaction`)."""
 
     reactive: bool = False
     max_retries: int = 1
@@ -141,12 +148,6 @@ async def compact_for_overflow(
     agent: Any, reason: str, *, request_id: str | None = None, attempt: int | None = None
 ) -> bool:
     """Compact the agent's session; True when it got shorter. Emits `chat:context:compacted` once."""
-    from recovery import diagnostics
-    from recovery.runtime import db
-
-    from ..transcript.selectors import messages_list
-    from ..wire import broadcast
-    from ..wire.protocol import chat_messages_frame
 
     session = agent.session
     if not session.can_compact:

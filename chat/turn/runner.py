@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from recovery import control, diagnostics, liveness
+from recovery.engine import recover_fiber
 from recovery.exceptions import LeaseLost
 from recovery.fibers import Claim, fiber_claim, fiber_interrupt, fiber_release, worker_identity
 from recovery.flusher import flusher
@@ -23,7 +24,7 @@ from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db
 from recovery.stream import StreamWriter, stream_close, stream_open
 
-from ..agents import ChunkCallback, Think, TurnContext, _current_agent, agent_for
+from ..agents import ChunkCallback, Think, TurnContext, agent_for, current_agent_var
 from ..conf import think_setting
 from ..exceptions import StreamStalled
 from ..models import Conversation
@@ -37,6 +38,7 @@ from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
 from . import errors, llm
 from .chunking import UI_CHUNK_POLICY
+from .continuation import settle_recovered_turn
 from .loop import ModelLoop
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .tools import Toolset
@@ -163,13 +165,13 @@ class TurnRunner:
             {"requestId": self.request_id, "trigger": self.claim.kind, "continuation": self.continuation},
         )
         agent.turn = TurnContext(self.claim.fiber_id, self.claim.fencing, self.request_id)
-        token = _current_agent.set(agent)
+        token = current_agent_var.set(agent)
         try:
             await self._supervise(agent, messages)
         finally:  # also when the worker stops mid-turn: the turn ends here as "interrupted"
             if self.writer is not None:
                 flusher().unregister(self.writer)
-            _current_agent.reset(token)
+            current_agent_var.reset(token)
             agent.turn = None
             self._emit_event(
                 "chat:turn:finish",
@@ -280,9 +282,13 @@ class TurnRunner:
         """The error's kind ("rate_limit", "transient") when recovery takes the failed turn over, else None.
 
         Recovery continues it from what was stored, after a wait, within the incident budget. An agent
-        with `chat_recovery = False` ends such a turn with its error at once instead.
+        whose recovers_model_errors() is False (`chat_recovery = False`) ends such a turn at once instead.
         """
-        if self.stop_reason is not None or self.classification is not None or agent.chat_recovery is False:
+        if (
+            self.stop_reason is not None
+            or self.classification is not None
+            or not agent.recovers_model_errors()
+        ):
             return None
         kind = classify(agent, error, stage="stream", request_id=self.request_id)
         return kind if kind in errors.RECOVERABLE else None
@@ -457,8 +463,6 @@ class TurnRunner:
             logger.warning("fiber lease lost while finishing; nothing written", extra=self.log_extra)
             return
         if self.incident_id:  # a recovered turn settles its incident (and the recovering flag) first
-            from .continuation import settle_recovered_turn
-
             conversation = await db(Conversation.objects.get, pk=self.conversation_id)
             await settle_recovered_turn(
                 conversation=conversation, incident_id=self.incident_id, outcome=wire_outcome
@@ -504,6 +508,4 @@ class TurnRunner:
         except LeaseLost:
             return
         if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing, reason=reason):
-            from recovery.engine import recover_fiber
-
             await recover_fiber(self.claim.fiber_id, retry_after_s=retry_after_s)

@@ -13,6 +13,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
+from recovery.fibers import conversation_busy
+from recovery.runtime import db
+
 from ..conf import think_setting
 
 logger = logging.getLogger(__name__)
@@ -101,8 +104,6 @@ async def release_parked(conversation_id: int) -> None:
 
 async def release_parked_if_idle(conversation_id: int) -> None:
     """Release parked connections when no turn is queued or running (none will start a stream)."""
-    from recovery.fibers import conversation_busy
-    from recovery.runtime import db
 
     if not await db(conversation_busy, conversation_id):
         await release_parked(conversation_id)

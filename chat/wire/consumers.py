@@ -26,7 +26,7 @@ from ..agents import agent_class
 from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
-from ..transcript.selectors import stream_for_request
+from ..transcript.selectors import messages_list, stream_for_request
 from ..transcript.services import conversation_clear
 from ..transcript.turns import turn_accept
 from . import protocol as p
@@ -364,6 +364,5 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
 
 def _messages(conversation_id: int) -> list[dict[str, Any]]:
-    from ..transcript.selectors import messages_list
 
     return messages_list(conversation_id=conversation_id)

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.db import transaction
+
 from recovery.models import Fiber, Stream
 from recovery.stream import stream_chunks, stream_close, stream_last_seq
 
@@ -22,7 +24,10 @@ from ..transcript.selectors import (
     stream_for_request,
     stream_partial,
 )
+from ..transcript.services import message_upsert
 from ..transcript.snapshot import FiberSnapshot
+from ..turn.interrupted import recovering_flag_active
+from .presence import connection_present
 from .protocol import dumps, response_frame
 
 
@@ -38,7 +43,6 @@ def connect_state(*, conversation_id: int) -> ConnectState:
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
         return ConnectState(stream.request_id, None, [], None)
-    from ..turn.interrupted import recovering_flag_active
 
     conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
     fresh = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
@@ -60,7 +64,6 @@ def _owned_by_another(stream: Stream, channel_name: str | None) -> bool:
     """A tool continuation whose owner (the connection that answered the tool) is still connected."""
     if not stream.is_continuation or stream.fiber_id is None or channel_name is None:
         return False
-    from .presence import connection_present
 
     stored = Fiber.objects.values_list("snapshot", flat=True).get(pk=stream.fiber_id)
     turn = FiberSnapshot.from_json(stored).turn
@@ -88,7 +91,6 @@ def probe_answer(*, conversation_id: int, channel_name: str | None = None) -> Pr
         return ProbeAnswer("resuming", stream.request_id)
     # Between an interrupted stream's end and its continuation's start, recovery owns the turn:
     # the client waits (parked) rather than hearing "idle"; it is released if recovery ends without one.
-    from ..turn.interrupted import recovering_flag_active
 
     flag = Conversation.objects.values_list("recovering", flat=True).get(pk=conversation_id)
     if isinstance(flag, dict) and recovering_flag_active(flag, now_ms=int(time.time() * 1000)):
@@ -156,9 +158,6 @@ def _orphaned(stream: Stream) -> bool:
 
 def _finalize_orphan(stream: Stream) -> Replay:
     """Replay an orphaned stream, close it, and store the message its chunks make."""
-    from django.db import transaction
-
-    from ..transcript.services import message_upsert
 
     frames, last, pages = _replay_frames(stream, _extended_message(stream))  # before the message is stored
     with transaction.atomic():

@@ -20,7 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from recovery import liveness
-from recovery.checks import check_recovery_settings
+from recovery.checks import check_recovery_deploy, check_recovery_settings
 from recovery.fibers import RECOVERY_OWNER, fiber_claim, fibers_take_orphaned
 from recovery.models import Fiber
 from tests.operator_support import make_conversation, make_fiber
@@ -239,12 +239,13 @@ def test_while_its_session_is_lost_a_process_renews_every_tick(live_session: Non
 
 
 def ids(settings: Any, **think: Any) -> list[str]:
-    settings.THINK = {**settings.THINK, **think}
-    return [message.id or "" for message in check_recovery_settings()]
+    settings.THINK = {**settings.THINK, "METRICS_TOKEN": "t", **think}
+    return [message.id or "" for message in [*check_recovery_settings(), *check_recovery_deploy()]]
 
 
 def test_the_checks_say_which_detector_is_in_force(settings: Any) -> None:
-    assert ids(settings) == ["think_recovery.I001"]
+    assert ids(settings) == ["think_recovery.I001"], "manage.py check --deploy"
+    assert check_recovery_settings() == [], "not on every manage.py command"
     assert ids(settings, LIVENESS_SESSIONS=False) == ["think_recovery.W002"]
     assert ids(settings, LIVENESS_SESSIONS="yes") == ["think_recovery.E006"]
     assert ids(settings, LIVENESS_SESSIONS=True, LIVENESS_DATABASE="replica") == ["think_recovery.E007"]
