@@ -8,7 +8,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, register
 from django.core.checks import Warning as CheckWarning
-from django.core.exceptions import FieldDoesNotExist
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 
 from .conf import owner_model_label, setting
@@ -25,7 +25,7 @@ POSITIVE_NUMBERS = (
 
 @register()
 def check_recovery_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    return [*_check_numbers(), *_check_switches(), *_check_owner(), *_check_liveness()]
+    return [*_check_database(), *_check_numbers(), *_check_switches(), *_check_owner(), *_check_liveness()]
 
 
 @register(Tags.security, deploy=True)
@@ -43,6 +43,28 @@ def check_recovery_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckM
             "metrics URL off the public network.",
             id="think_recovery.W001",
         ),
+    ]
+
+
+def _check_database() -> list[CheckMessage]:
+    """The layer's statements are PostgreSQL's (SKIP LOCKED, advisory locks, jsonb, unnest): another
+    backend would migrate and then fail at the first turn, so it is refused up front."""
+    from django.db.utils import load_backend
+
+    engine = settings.DATABASES.get("default", {}).get("ENGINE", "")
+    try:
+        vendor = load_backend(engine).DatabaseWrapper.vendor if engine else None
+    except ImproperlyConfigured:  # Django reports an unknown backend itself
+        return []
+    if vendor == "postgresql":
+        return []
+    return [
+        Error(
+            f"DATABASES['default'] must be a PostgreSQL database, got {engine or 'none'!r}.",
+            hint="Use 'django.db.backends.postgresql' (psycopg 3); the chat and recovery apps keep turns, "
+            "streams and their locks in PostgreSQL.",
+            id="think_recovery.E009",
+        )
     ]
 
 

@@ -67,3 +67,13 @@ def test_a_database_made_before_the_owner_setting_migrates_and_keeps_its_fibers(
     assert [s for s in statements if not s.lstrip().startswith("--")] == []
     fiber = Fiber.objects.get(conversation_id=conversation.pk, request_id="r-old")
     assert fiber.kind == "retry" and fiber.status == Fiber.Status.PENDING
+
+
+def test_a_database_other_than_postgres_is_refused(settings: Any) -> None:
+    """With SQLite, check and migrate would pass and the first turn would fail."""
+    sqlite = {**settings.DATABASES["default"], "ENGINE": "django.db.backends.sqlite3"}
+    settings.DATABASES = {**settings.DATABASES, "default": sqlite}
+
+    [error] = check_recovery_settings()
+
+    assert error.id == "think_recovery.E009" and "sqlite3" in error.msg
