@@ -74,10 +74,12 @@ def stop() -> None:
         listener.cancel()
 
 
-def _connection_params() -> dict[str, Any]:
+def session_params(alias: str = "default") -> dict[str, Any]:
+    """psycopg connect arguments for a dedicated session of a process (the cancel listener here, the
+    liveness session in recovery.liveness), from a DATABASES entry."""
     from django.db import connections
 
-    params = connections["default"].get_connection_params()
+    params = connections[alias].get_connection_params()
     # Django's own adapters and cursor class are for its connections, not this one.
     return {k: v for k, v in params.items() if k not in ("cursor_factory", "context", "prepare_threshold")}
 
@@ -87,7 +89,7 @@ async def _listen() -> None:
 
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(**_connection_params(), autocommit=True) as conn:
+            async with await psycopg.AsyncConnection.connect(**session_params(), autocommit=True) as conn:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 listening.set()
                 async for notice in conn.notifies():

@@ -110,13 +110,9 @@ async def wait_held(timeout: float) -> bool:
 
 
 def _connection_params() -> dict[str, Any]:
-    from django.db import connections
+    from .control import session_params
 
-    params = connections[str(setting("LIVENESS_DATABASE"))].get_connection_params()
-    # Django's own adapters and cursor class are for its connections, not this one.
-    params = {k: v for k, v in params.items() if k not in ("cursor_factory", "context", "prepare_threshold")}
-    params["application_name"] = f"think-liveness:{_key}"
-    return params
+    return {**session_params(str(setting("LIVENESS_DATABASE"))), "application_name": f"think-liveness:{_key}"}
 
 
 async def _hold() -> None:

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from recovery import liveness
 from recovery.checks import check_recovery_deploy, check_recovery_settings
+from recovery.control import session_params
 from recovery.fibers import RECOVERY_OWNER, fiber_claim, fibers_take_orphaned
 from recovery.models import Fiber
 from tests.operator_support import make_conversation, make_fiber
@@ -33,18 +34,10 @@ def new_key() -> int:
     return random.randrange(1, 2**62)
 
 
-def connection_params() -> dict[str, Any]:
-    return {
-        k: v
-        for k, v in connection.get_connection_params().items()
-        if k not in ("cursor_factory", "context", "prepare_threshold")
-    }
-
-
 @contextmanager
 def session_holding(key: int) -> Iterator[psycopg.Connection[Any]]:
     """Another Postgres session that holds `key`'s lock, as a live worker's liveness session does."""
-    with psycopg.connect(**connection_params(), autocommit=True) as held:
+    with psycopg.connect(**session_params(), autocommit=True) as held:
         held.execute("SELECT pg_advisory_lock(%s)", [key])
         yield held
 
