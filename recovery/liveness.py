@@ -148,15 +148,34 @@ async def _try_lock(conn: Any) -> bool:
     return bool(row and row[0])
 
 
+# After a liveness session is seen to go, the poll looks at the fibers for this long: the first sighting
+# comes once their lease is FRESH_LEASE stale, the confirmation LIVENESS_CONFIRM_MS later, each at a poll.
+WATCH_AFTER_LOSS_S = 2.0
+
+
 async def _poll() -> None:
-    """Every LIVENESS_POLL_MS: hand the fibers of dead processes to the engine (one query)."""
+    """Every LIVENESS_POLL_MS, list the liveness sessions (a look at pg_stat_activity, no table); when
+    one has gone since the last look, and for WATCH_AFTER_LOSS_S after it, hand the fibers of dead
+    processes to the engine. The fiber query runs only then (and once at start, for deaths before it):
+    every lease renewal leaves a dead entry in the index of running fibers until vacuum (it changes an
+    indexed column), so that scan grows with the turns' traffic, and run several times a second on
+    every worker it cost Postgres a third more per streamed number (bench/concurrency.py)."""
     from .runtime import db
 
+    seen: set[str] | None = None
+    watch_until = 0.0
+    loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(float(setting("LIVENESS_POLL_MS")) / 1000)
         if not held.is_set():
             continue  # a process without its own session is in no position to judge others'
         try:
+            live = await db(live_sessions)
+            if seen is None or seen - live:
+                watch_until = loop.time() + WATCH_AFTER_LOSS_S
+            seen = live
+            if loop.time() > watch_until:
+                continue
             taken = await db(take_orphaned)
         except asyncio.CancelledError:
             raise
@@ -165,6 +184,18 @@ async def _poll() -> None:
             continue
         if taken:
             logger.warning("liveness: %s fibers of dead workers handed to recovery", len(taken))
+
+
+def live_sessions() -> set[str]:
+    """The application names of the liveness sessions connected to this database now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'think-liveness:%%'"
+        )
+        return {row[0] for row in cursor.fetchall()}
 
 
 def take_orphaned(limit: int = 100) -> list[Any]:

@@ -213,6 +213,14 @@ def test_the_session_holds_the_processes_key_and_takes_it_back_after_a_drop(live
     assert again != backend
 
 
+def test_the_poll_sees_which_liveness_sessions_are_connected(live_session: None) -> None:
+    """What the poll compares from one look to the next, to run its fiber query only after a loss."""
+    name = f"think-liveness:{liveness.key()}"
+    assert name in liveness.live_sessions()
+    liveness.stop()
+    wait_until(lambda: name not in liveness.live_sessions(), 5, "the session to be gone from the list")
+
+
 def test_while_its_session_is_lost_a_process_renews_every_tick(live_session: None) -> None:
     """The renewal cadence of the flusher while degraded: every tick, not every HEARTBEAT_INTERVAL_S."""
     from recovery.flusher import Flusher
