@@ -364,3 +364,22 @@ def assistant_text(messages: list[dict[str, Any]]) -> str:
         for p in m["parts"]
         if p["type"] == "text"
     )
+
+
+FILLER = "The customer asked about the order and the assistant explained the delivery schedule. " * 2
+
+
+def seed(agent: str, name: str, count: int = 6) -> None:
+    """A stored history of about 55 model tokens per message."""
+    from chat.agents import open_agent
+    from chat.models import Message
+
+    conversation = open_agent(agent, name, owner=TEST_PRINCIPAL)
+    for i in range(count):
+        Message.objects.create(
+            conversation_id=conversation.conversation_id,
+            message_id=f"h{i}",
+            role="user" if i % 2 == 0 else "assistant",
+            parts=[{"type": "text", "text": f"{i}: {FILLER}"}],
+            position=i,
+        )

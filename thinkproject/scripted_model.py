@@ -4,7 +4,10 @@ It is the offline default model of the demo and the model of the test suite, rea
 real OpenAI code path (model ``"openai/scripted"``, ``api_base`` = this server's ``/v1`` URL).
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``, ``GET /healthz``,
-and the Responses API (``/v1/responses``, see below).
+the Responses API (``/v1/responses``, see below), and the same replies in Anthropic's Messages API
+(``POST /v1/messages``) and Gemini's ``generateContent`` (``POST
+/v1beta/models/{model}:streamGenerateContent``): see :mod:`thinkproject.scripted_dialects`;
+``thinkproject.scripted.litellm_kwargs(url, dialect)`` gives litellm's arguments for each.
 The reply is driven by the *prompt*: the last user message of the request that is not a continuation
 prompt (summarisation requests excepted, see below). Directives in it (case-insensitive, anywhere in the
 text, combinable):
@@ -23,6 +26,11 @@ text, combinable):
 * ``[reset after K]`` -- stream K chunks, then close the TCP connection abruptly (a reset: ``SO_LINGER``
   0), without finishing the chunked response. ``K=0``: right after the role chunk. Non-streaming
   requests are reset before any response.
+* ``[eof after K]`` -- stream K chunks, then end the response cleanly, without a finish reason or an end
+  marker (``[DONE]``): a stream cut short by a proxy that closes politely. Non-streaming requests get the
+  broken JSON of ``[malformed ...]``.
+* ``[no finish]`` -- the whole reply, and its end marker, but never the finish reason (a provider that
+  leaves it out).
 * ``[overflow]`` -- HTTP 400 with OpenAI's ``context_length_exceeded`` body.
 * ``[window N]`` (N a whole number >= 1) -- the model's context window: a request whose ``prompt_tokens``
   (see Token accounting) exceed N gets HTTP 400 with OpenAI's ``context_length_exceeded`` body (type
@@ -66,7 +74,8 @@ but the stop chunk if already at N); text replies (tool-result follow-ups includ
 skip as many words as were already sent.
 
 Any request with messages after the prompt (a continuation or a tool-result follow-up) does NOT re-apply
-``[stall ...]``, ``[fail ...]``, ``[malformed ...]``, ``[reset ...]`` or ``[overflow]``, unless the
+``[stall ...]``, ``[fail ...]``, ``[malformed ...]``, ``[reset ...]``, ``[eof ...]``, ``[no finish]`` or
+``[overflow]``, unless the
 directive ends with ``always``: ``[stall after K always]`` stalls every continuation after K *more*
 chunks, and likewise ``[fail after K with STATUS always]``, ``[malformed after K always]``, ``[reset after
 K always]`` and ``[overflow always]``. The suffix ``once`` (``[stall after K once]``) fires the fault only
@@ -125,7 +134,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -147,7 +156,8 @@ def context_length_message(limit: int, tokens: int) -> str:
     )
 
 
-OVERFLOW_MESSAGE = context_length_message(128000, 130000)
+OVERFLOW_WINDOW = (128000, 130000)  # the window and prompt tokens an ``[overflow]`` reports
+OVERFLOW_MESSAGE = context_length_message(*OVERFLOW_WINDOW)
 
 Json = dict[str, Any]
 
@@ -156,9 +166,11 @@ _RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
 _STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _MALFORMED_RE = re.compile(r"\[malformed after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_EOF_RE = re.compile(r"\[eof after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _RESET_RE = re.compile(r"\[reset after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
+_NO_FINISH_RE = re.compile(r"\[no finish(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _WINDOW_RE = re.compile(r"\[window\b\s*([^\]\s]*)\s*(\])?", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
 _TOOL_END_RE = re.compile(r"\s*(?:times\b\s*([^\]\s]*)\s*)?\]", re.IGNORECASE)
@@ -172,6 +184,7 @@ class ServerState:
 
     token_rate: float
     requests: list[Json] = field(default_factory=list)
+    chats: list[list[Json]] = field(default_factory=list)  # each request's messages, in the chat API's form
     clients: list[str] = field(default_factory=list)  # the User-Agent of each request, in order
     in_flight: int = 0
     closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -226,6 +239,8 @@ class Directives:
     window: int | None = None  # the context window: more prompt tokens than this is an overflow
     malformed: Fault | None = None  # a data line that is not JSON, then the end of the stream
     reset: Fault | None = None  # the connection is reset mid-response
+    no_finish: Fault | None = None  # the stream ends without its finish reason
+    eof: Fault | None = None  # the stream ends cleanly mid-reply: no finish reason, no end marker
 
     @property
     def default_tool_name(self) -> str | None:
@@ -290,6 +305,8 @@ def parse_directives(text: str) -> Directives:
         _parse_window(text),
         _parse_fault(_MALFORMED_RE, text),
         _parse_fault(_RESET_RE, text),
+        _parse_no_finish(text),
+        _parse_fault(_EOF_RE, text),
     )
 
 
@@ -297,6 +314,11 @@ def _parse_fault(pattern: re.Pattern[str], text: str) -> Fault | None:
     """A ``[NAME after K]`` fault (``always`` / ``once`` allowed) whose regex has groups (K, mode)."""
     match = pattern.search(text)
     return _make_fault(int(match.group(1)), match.group(2)) if match else None
+
+
+def _parse_no_finish(text: str) -> Fault | None:
+    match = _NO_FINISH_RE.search(text)
+    return _make_fault(0, match.group(1)) if match else None
 
 
 def _parse_window(text: str) -> int | None:
@@ -530,10 +552,6 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, **fields}
 
 
-async def _send(response: web.StreamResponse, payload: Json) -> None:
-    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-
 async def _wait_for_disconnect(request: web.Request) -> None:
     """Keep the response open without sending until the client leaves or the server shuts down."""
     closing = request.app[STATE_KEY].closing
@@ -542,12 +560,6 @@ async def _wait_for_disconnect(request: web.Request) -> None:
             await asyncio.wait_for(closing.wait(), timeout=0.1)
         except TimeoutError:
             pass
-
-
-def _malformed_line(reply: _Reply) -> bytes:
-    """A chunk cut off in the middle of its JSON, as a broken proxy or a truncated write would leave it."""
-    whole = json.dumps(reply.chunk({"content": " broken"}))
-    return b"data: " + whole[: len(whole) // 2].encode() + b"\n\n"
 
 
 def _reset(request: web.Request, sent: int) -> None:
@@ -562,8 +574,78 @@ def _reset(request: web.Request, sent: int) -> None:
     transport.abort()
 
 
+class Encoder(Protocol):
+    """How one provider dialect writes a streamed reply (the pacing and faults are shared)."""
+
+    def opening(self) -> list[bytes]:
+        """The events before the first content chunk."""
+
+    def delta(self, index: int, delta: Json) -> list[bytes]:
+        """The events of the plan's delta number ``index`` (none while a dialect holds a piece back)."""
+
+    def closing(self, sent: int, finish: bool) -> list[bytes]:
+        """The events after the last of ``sent`` chunks; without ``finish``, no finish reason is sent."""
+
+    def failure(self, status: int, sent: int) -> list[bytes]:
+        """The in-stream error event of a ``[fail after K with STATUS]`` fired after ``sent`` chunks."""
+
+    def broken(self) -> Json:
+        """The payload a ``[malformed after K]`` sends cut off mid-object."""
+
+    def message(self, sent: int) -> Json:
+        """The whole reply of ``sent`` chunks, for a request that does not stream."""
+
+
+def sse(payload: Json, event: str | None = None) -> bytes:
+    """One server-sent event holding ``payload`` (with an ``event:`` line when named)."""
+    line = b"data: " + json.dumps(payload).encode() + b"\n\n"
+    return f"event: {event}\n".encode() + line if event else line
+
+
+def cut_off(payload: Json) -> bytes:
+    """``payload`` as an SSE data line cut off in the middle of its JSON, as a broken proxy would leave it."""
+    whole = json.dumps(payload)
+    return b"data: " + whole[: len(whole) // 2].encode() + b"\n\n"
+
+
+class _ChatEncoder:
+    """OpenAI Chat Completions chunks."""
+
+    def __init__(self, plan: Plan, reply: _Reply) -> None:
+        self.plan, self.reply = plan, reply
+
+    def opening(self) -> list[bytes]:
+        first: Json = {"role": "assistant", "content": "" if self.plan.finish_reason == "stop" else None}
+        return [sse(self.reply.chunk(first))]
+
+    def delta(self, index: int, delta: Json) -> list[bytes]:
+        return [sse(self.reply.chunk(delta))]
+
+    def closing(self, sent: int, finish: bool) -> list[bytes]:
+        events = [sse(self.reply.chunk({}, self.plan.finish_reason))] if finish else []
+        if self.reply.include_usage:
+            usage = self.reply.usage(sent)
+            events.append(sse(self.reply.envelope("chat.completion.chunk", choices=[], usage=usage)))
+        return [*events, b"data: [DONE]\n\n"]
+
+    def failure(self, status: int, sent: int) -> list[bytes]:
+        return [sse(error_body(f"Scripted failure after {sent} chunks.", "server_error", status))]
+
+    def broken(self) -> Json:
+        return self.reply.chunk({"content": " broken"})
+
+    def message(self, sent: int) -> Json:
+        choice = {"index": 0, "message": _final_message(self.plan), "finish_reason": self.plan.finish_reason}
+        return self.reply.envelope("chat.completion", choices=[choice], usage=self.reply.usage(sent))
+
+
+async def _write(response: web.StreamResponse, events: list[bytes]) -> None:
+    if events:
+        await response.write(b"".join(events))
+
+
 async def _fault(
-    request: web.Request, response: web.StreamResponse, plan: Plan, reply: _Reply, sent: int
+    request: web.Request, response: web.StreamResponse, plan: Plan, encoder: Encoder, sent: int
 ) -> bool:
     """Stall, fail, break or reset the stream if a fault is due after ``sent`` chunks; True if it is over."""
     if plan.fires(plan.directives.stall, sent):
@@ -573,13 +655,16 @@ async def _fault(
         return True
     fail = plan.active(plan.directives.fail)
     if fail is not None and fail.after == sent:
-        body = error_body(f"Scripted failure after {sent} chunks.", "server_error", fail.status)
-        await _send(response, body)
+        await _write(response, encoder.failure(fail.status, sent))
         await response.write_eof()
         return True
     if plan.fires(plan.directives.malformed, sent):
         log.info("%s %s: sending a malformed chunk after %d chunks", request.method, request.path, sent)
-        await response.write(_malformed_line(reply))
+        await response.write(cut_off(encoder.broken()))
+        await response.write_eof()
+        return True
+    if plan.fires(plan.directives.eof, sent):
+        log.info("%s %s: ending the stream cleanly after %d chunks", request.method, request.path, sent)
         await response.write_eof()
         return True
     if plan.fires(plan.directives.reset, sent):
@@ -592,29 +677,26 @@ class _ConnectionReset(Exception):
     """The handler reset its own connection: there is no response left to finish."""
 
 
-async def _stream(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
+async def stream_plan(request: web.Request, plan: Plan, rate: float, encoder: Encoder) -> web.StreamResponse:
+    """Stream ``plan`` in ``encoder``'s dialect at ``rate`` chunks/s, with the plan's faults."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None:  # one small write per chunk: without this, Nagle + delayed ACKs cap the rate
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    first: Json = {"role": "assistant", "content": "" if plan.finish_reason == "stop" else None}
-    await _send(response, reply.chunk(first))
+    await _write(response, encoder.opening())
     for sent in range(len(plan.deltas) + 1):
-        if await _fault(request, response, plan, reply, sent):
+        if await _fault(request, response, plan, encoder, sent):
             return response
         if sent == len(plan.deltas):
             break
-        if reply.rate > 0:
-            await asyncio.sleep(1 / reply.rate)
+        if rate > 0:
+            await asyncio.sleep(1 / rate)
         delta = plan.deltas[sent]
         if plan.directives.stamp and delta.get("content"):
             delta = {**delta, "content": f"{delta['content']}@{time.time():.4f}"}
-        await _send(response, reply.chunk(delta))
-    await _send(response, reply.chunk({}, plan.finish_reason))
-    if reply.include_usage:
-        await _send(response, reply.envelope("chat.completion.chunk", choices=[], usage=reply.usage(sent)))
-    await response.write(b"data: [DONE]\n\n")
+        await _write(response, encoder.delta(sent, delta))
+    await _write(response, encoder.closing(sent, finish=plan.active(plan.directives.no_finish) is None))
     await response.write_eof()
     return response
 
@@ -633,7 +715,8 @@ def _final_message(plan: Plan) -> Json:
     return {"role": "assistant", "content": None, "tool_calls": [calls[i] for i in sorted(calls)]}
 
 
-async def _complete(request: web.Request, plan: Plan, reply: _Reply) -> web.StreamResponse:
+async def complete_plan(request: web.Request, plan: Plan, encoder: Encoder) -> web.StreamResponse:
+    """Answer ``plan`` in one response body in ``encoder``'s dialect, with the plan's faults."""
     total = len(plan.deltas)
     if any(plan.fires(plan.directives.stall, sent) for sent in range(total + 1)):
         await _wait_for_disconnect(request)
@@ -641,11 +724,11 @@ async def _complete(request: web.Request, plan: Plan, reply: _Reply) -> web.Stre
     if any(plan.fires(plan.directives.reset, sent) for sent in range(total + 1)):
         _reset(request, 0)
         raise _ConnectionReset
-    if any(plan.fires(plan.directives.malformed, sent) for sent in range(total + 1)):
-        broken = _malformed_line(reply).removeprefix(b"data: ").strip()
+    cut = (plan.directives.malformed, plan.directives.eof)
+    if any(plan.fires(fault, sent) for fault in cut for sent in range(total + 1)):
+        broken = cut_off(encoder.broken()).removeprefix(b"data: ").strip()
         return web.Response(body=broken, content_type="application/json")
-    choice = {"index": 0, "message": _final_message(plan), "finish_reason": plan.finish_reason}
-    return web.json_response(reply.envelope("chat.completion", choices=[choice], usage=reply.usage(total)))
+    return web.json_response(encoder.message(total))
 
 
 async def _read_messages(request: web.Request) -> tuple[Json, list[Json]]:
@@ -664,17 +747,47 @@ def _context_length_error(message: str) -> web.Response:
     return _error_response(400, body)
 
 
-def _early_error(plan: Plan, stream: bool, prompt_tokens: int) -> web.Response | None:
-    """The HTTP error response due before any content, if any."""
+@dataclass(frozen=True)
+class EarlyFault:
+    """An HTTP error due before any content: ``status``, and for a context overflow its window."""
+
+    status: int
+    window: int | None = None  # the context window a prompt of `tokens` exceeds
+    tokens: int = 0
+    message: str | None = None  # what the request got wrong (a 400 the directives did not ask for)
+
+
+def fault_message(fault: EarlyFault, overflow: str, by_status: dict[int, str]) -> str:
+    """The message of an error body: ``overflow`` (formatted with ``tokens`` and ``window``) for an
+    overflow, else the one ``by_status`` has, else a generic one."""
+    if fault.message is not None:
+        return fault.message
+    if fault.window is not None:
+        return overflow.format(tokens=fault.tokens, window=fault.window)
+    return by_status.get(fault.status, f"The scripted model failed with HTTP {fault.status}.")
+
+
+def early_fault(plan: Plan, stream: bool, prompt_tokens: int) -> EarlyFault | None:
+    """The HTTP error due before any content, if any, in any dialect."""
     window = plan.directives.window
     if window is not None and prompt_tokens > window:
-        return _context_length_error(context_length_message(window, prompt_tokens))
+        return EarlyFault(400, window, prompt_tokens)
     if plan.active(plan.directives.overflow):
-        return _context_length_error(OVERFLOW_MESSAGE)
+        return EarlyFault(400, *OVERFLOW_WINDOW)
     fail = plan.active(plan.directives.fail)
     if fail is not None and (fail.after == 0 or not stream) and fail.after <= len(plan.deltas):
-        return _error_response(fail.status)
+        return EarlyFault(fail.status)
     return None
+
+
+def _early_error(plan: Plan, stream: bool, prompt_tokens: int) -> web.Response | None:
+    """The HTTP error response due before any content, if any, with OpenAI's error bodies."""
+    fault = early_fault(plan, stream, prompt_tokens)
+    if fault is None:
+        return None
+    if fault.window is not None:
+        return _context_length_error(context_length_message(fault.window, fault.tokens))
+    return _error_response(fault.status)
 
 
 def _new_reply(request: web.Request, body: Json, plan: Plan, prompt_tokens: int) -> _Reply:
@@ -683,6 +796,26 @@ def _new_reply(request: web.Request, body: Json, plan: Plan, prompt_tokens: int)
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
     model = str(body.get("model") or MODEL_NAME)
     return _Reply(f"chatcmpl-scripted-{plan.serial}", model, int(time.time()), prompt_tokens, rate, usage)
+
+
+def note_request(request: web.Request, body: Json, messages: list[Json]) -> None:
+    """Record a chat request (in any dialect) for the tests: its body, its messages, its client."""
+    state = request.app[STATE_KEY]
+    state.requests.append(body)
+    state.chats.append(messages)
+    state.clients.append(request.headers.get("User-Agent", ""))
+
+
+def log_plan(request: web.Request, plan: Plan, stream: bool, prompt_tokens: int) -> None:
+    log.info(
+        "%s %s stream=%s follow_up=%s prompt_tokens=%d directives: %s",
+        request.method,
+        request.path,
+        stream,
+        plan.follow_up,
+        prompt_tokens,
+        "summarisation request" if plan.summary else plan.directives.summary(),
+    )
 
 
 def _note_prompt(state: ServerState, plan: Plan, messages: list[Json]) -> Plan:
@@ -702,26 +835,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except BadRequestError as exc:
         log.info("%s %s rejected: %s", request.method, request.path, exc)
         return _error_response(400, error_body(str(exc), "invalid_request_error", None))
-    request.app[STATE_KEY].requests.append(body)
-    request.app[STATE_KEY].clients.append(request.headers.get("User-Agent", ""))
+    note_request(request, body, messages)
     plan = _note_prompt(request.app[STATE_KEY], plan, messages)
     stream, prompt_tokens = bool(body.get("stream")), count_prompt_tokens(messages)
-    log.info(
-        "%s %s stream=%s follow_up=%s prompt_tokens=%d directives: %s",
-        request.method,
-        request.path,
-        stream,
-        plan.follow_up,
-        prompt_tokens,
-        "summarisation request" if plan.summary else plan.directives.summary(),
-    )
+    log_plan(request, plan, stream, prompt_tokens)
     early = _early_error(plan, stream, prompt_tokens)
     if early is not None:
         return early
     reply = _new_reply(request, body, plan, prompt_tokens)
     request.app[STATE_KEY].in_flight += 1
     try:
-        return await (_stream(request, plan, reply) if stream else _complete(request, plan, reply))
+        encoder = _ChatEncoder(plan, reply)
+        if stream:
+            return await stream_plan(request, plan, reply.rate, encoder)
+        return await complete_plan(request, plan, encoder)
     except ConnectionResetError:
         log.info("%s %s: client went away", request.method, request.path)
         return web.Response(status=499)
@@ -765,6 +892,9 @@ def build_app(*, token_rate: float | None = None) -> web.Application:
     from thinkproject.scripted_responses import add_routes  # here: that module imports this one
 
     add_routes(app)  # the Responses API (POST/GET /v1/responses...)
+    from thinkproject.scripted_dialects import add_routes as add_dialects
+
+    add_dialects(app)  # Anthropic's Messages API and Gemini's generateContent
     return app
 
 
@@ -788,6 +918,12 @@ class ScriptedModelServer:
     def requests(self) -> list[Json]:
         """Bodies of the chat completion requests received so far, oldest first."""
         return list(self.app[STATE_KEY].requests)
+
+    @property
+    def chats(self) -> list[list[Json]]:
+        """The messages of every chat request in any dialect (Anthropic's and Gemini's turned into the
+        chat API's form), oldest first."""
+        return list(self.app[STATE_KEY].chats)
 
     @property
     def clients(self) -> list[str]:

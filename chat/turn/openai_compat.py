@@ -236,6 +236,7 @@ async def stream(request: LeanRequest) -> AsyncGenerator[Event, None]:
         ):
             if response.status != 200:
                 await _raise_status(request, response)
+            finished = False
             async for line in response.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -243,7 +244,10 @@ async def stream(request: LeanRequest) -> AsyncGenerator[Event, None]:
                 if payload == b"[DONE]":
                     return
                 for event in _events_of(request, payload):
+                    finished = finished or type(event) is StepFinish
                     yield event
+            if not finished:  # neither [DONE] nor a finish reason: the stream was cut short
+                raise _mid_stream(request, "the stream ended before its finish reason")
     except (aiohttp.ClientError, ConnectionError) as exc:
         raise _litellm_error("APIConnectionError", request, f"{type(exc).__name__}: {exc}") from exc
     except TimeoutError as exc:

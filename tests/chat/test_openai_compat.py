@@ -105,6 +105,8 @@ async def test_litellm_builds_the_request(server: ScriptedModelServer) -> None:
         "[malformed after 3]",
         "[reset after 0]",
         "[reset after 3]",
+        "[eof after 0]",
+        "[eof after 3]",
         "[fail after 0 with 400]",
         "[fail after 0 with 401]",
         "[fail after 0 with 404]",

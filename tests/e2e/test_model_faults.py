@@ -85,6 +85,7 @@ EITHER = {"transient", "rate_limit"}
         ("[fail after 5 with 429 once]", MID_STREAM, EITHER),
         ("[malformed after 5 once]", MID_STREAM, {"transient"}),
         ("[reset after 5 once]", MID_STREAM, {"transient"}),
+        ("[eof after 5 once]", MID_STREAM, {"transient"}),
         ("[fail after 0 with 429 once]", RETRIED, {"rate_limit"}),
         ("[fail after 0 with 500 once]", RETRIED, {"transient"}),
         ("[reset after 0 once]", RETRIED, {"transient"}),

@@ -16,25 +16,11 @@ from chat.agents import open_agent
 from chat.models import Compaction, Message
 from recovery import diagnostics
 from tests.agents import probe_key, probe_redis
-from tests.support import TEST_PRINCIPAL, ChatClient, chat_request, numbers, user_message
+from tests.support import FILLER, TEST_PRINCIPAL, ChatClient, chat_request, numbers, seed, user_message
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-HISTORY_MESSAGES = 6
-FILLER = "The customer asked about the order and the assistant explained the delivery schedule. " * 2
-
-
-def seed(agent: str, name: str, count: int = HISTORY_MESSAGES) -> None:
-    """A stored history of about 55 model tokens per message."""
-    conversation = open_agent(agent, name, owner=TEST_PRINCIPAL)
-    for i in range(count):
-        Message.objects.create(
-            conversation_id=conversation.conversation_id,
-            message_id=f"h{i}",
-            role="user" if i % 2 == 0 else "assistant",
-            parts=[{"type": "text", "text": f"{i}: {FILLER}"}],
-            position=i,
-        )
+HISTORY_MESSAGES = 6  # what `seed` stores
 
 
 def requests_for(scripted_model: Any, prompt: str) -> list[dict[str, Any]]:
