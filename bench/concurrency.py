@@ -228,7 +228,7 @@ def marginal(turns: int, short: tuple[Run, Run], long: tuple[Run, Run]) -> None:
 def _is_model(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"thinkproject.scripted_model" in f.read()
+            return b"think_scripted.server" in f.read()
     except OSError:
         return False
 

@@ -71,7 +71,7 @@ def scripted_model_process(logs: Path, token_rate: float) -> Iterator[str]:
     args = [
         sys.executable,
         "-m",
-        "thinkproject.scripted_model",
+        "think_scripted.server",
         "--port",
         str(port),
         "--token-rate",

@@ -95,7 +95,7 @@ def stored_text(name: str) -> tuple[str, bool]:
 
 async def settled(server: Any, timeout: float = 30) -> None:
     """Wait until the scripted model has no generation running (a forgotten one runs to its end)."""
-    from thinkproject.scripted_responses import RESPONSES_KEY
+    from think_scripted.responses import RESPONSES_KEY
 
     deadline = time.monotonic() + timeout
     while server.app[RESPONSES_KEY].tasks and time.monotonic() < deadline:
@@ -191,7 +191,7 @@ def report(rounds: list[Round], count: int) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     from tests.support import Proc, stack_env
-    from thinkproject.scripted_model import ScriptedModelServer
+    from think_scripted.server import ScriptedModelServer
 
     logs = Path(tempfile.mkdtemp(prefix="thinkreattach-"))
     redis_proc, redis_url = use_private_redis(logs)
@@ -203,7 +203,7 @@ async def main(args: argparse.Namespace) -> None:
     server = ScriptedModelServer(token_rate=args.rate)
     try:
         setup_django()
-        logging.getLogger("thinkproject.scripted_model").setLevel(logging.WARNING)  # its request lines
+        logging.getLogger("think_scripted.server").setLevel(logging.WARNING)  # its request lines
         server.start()
         env = stack_env(database_name=os.environ["THINK_TEST_DATABASE_NAME"], model_url=server.url)
         env["PYTHONPATH"] = str(ROOT)

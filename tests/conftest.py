@@ -15,7 +15,7 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from tests.support import Proc, stack_env, start_beat, start_daphne, start_worker  # noqa: E402
-from thinkproject.scripted_model import ScriptedModelServer  # noqa: E402
+from think_scripted.server import ScriptedModelServer  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -43,7 +43,7 @@ def in_process_model(
 
     stack_environment closes, at the end, the connections their database threads leave open.
     """
-    from thinkproject.scripted import litellm_kwargs
+    from think_scripted.kwargs import litellm_kwargs
 
     settings.THINK = {**settings.THINK, "MODEL": litellm_kwargs(scripted_model.url)}
     return scripted_model.url

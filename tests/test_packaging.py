@@ -69,9 +69,9 @@ def metadata(wheel: zipfile.ZipFile) -> Message:
     return email.message_from_bytes(wheel.read(path))
 
 
-def test_the_wheel_holds_only_the_apps(wheel: zipfile.ZipFile) -> None:
+def test_the_wheel_holds_only_the_apps_and_the_scripted_model(wheel: zipfile.ZipFile) -> None:
     top = {name.split("/", 1)[0] for name in names(wheel)}
-    assert {t for t in top if not t.endswith(".dist-info")} == set(APPS)
+    assert {t for t in top if not t.endswith(".dist-info")} == {*APPS, "think_scripted"}
     for absent in ("thinkproject/", "tests/", "bench/", "docs/", "manage.py", "Procfile"):
         assert not [n for n in names(wheel) if n.startswith(absent)], absent
 
@@ -114,8 +114,22 @@ def test_dependencies_are_the_core_and_the_server_is_an_extra(wheel: zipfile.Zip
         "litellm",
         "prometheus-client",
     }
-    assert set(meta.get_all("Provides-Extra") or []) == {"server", "demo", "dev"}
+    assert set(meta.get_all("Provides-Extra") or []) == {"server", "scripted", "demo", "dev"}
     server = {
         canonicalize_name(r.name) for r in requires if r.marker and r.marker.evaluate({"extra": "server"})
     }
     assert server == {"daphne"}
+
+
+def test_the_scripted_model_is_an_installable_command(wheel: zipfile.ZipFile) -> None:
+    """A host site without a provider key runs `think-scripted-model` (extra `scripted`: aiohttp)."""
+    (path,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert "think-scripted-model = think_scripted.server:main" in wheel.read(path).decode()
+    assert {"think_scripted/server.py", "think_scripted/dialects.py", "think_scripted/kwargs.py"} <= names(
+        wheel
+    )
+    requires = [Requirement(r) for r in metadata(wheel).get_all("Requires-Dist") or []]
+    scripted = {
+        canonicalize_name(r.name) for r in requires if r.marker and r.marker.evaluate({"extra": "scripted"})
+    }
+    assert scripted == {"aiohttp"}

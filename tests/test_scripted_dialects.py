@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 
 from chat.turn import llm  # noqa: E402
 from chat.turn.errors import default_chat_error_classifier, retry_after_s  # noqa: E402
-from thinkproject.scripted import litellm_kwargs  # noqa: E402
-from thinkproject.scripted_dialects import anthropic_messages, gemini_messages  # noqa: E402
-from thinkproject.scripted_model import (  # noqa: E402
+from think_scripted.dialects import anthropic_messages, gemini_messages  # noqa: E402
+from think_scripted.kwargs import litellm_kwargs  # noqa: E402
+from think_scripted.server import (  # noqa: E402
     RATE_LIMIT_RETRY_AFTER_S,
     BadRequestError,
     ScriptedModelServer,

@@ -20,7 +20,7 @@ import litellm  # noqa: E402
 import pytest  # noqa: E402
 from litellm.exceptions import MidStreamFallbackError  # noqa: E402
 
-from thinkproject.scripted_model import (  # noqa: E402
+from think_scripted.server import (  # noqa: E402
     DEFAULT_TOKEN_RATE,
     FIXED_REPLY,
     OVERFLOW_MESSAGE,

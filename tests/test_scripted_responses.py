@@ -25,8 +25,8 @@ from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 from chat.turn.llm import load_litellm  # noqa: E402
-from thinkproject.scripted_model import ScriptedModelServer  # noqa: E402
-from thinkproject.scripted_responses import RESPONSES_KEY, input_messages  # noqa: E402
+from think_scripted.responses import RESPONSES_KEY, input_messages  # noqa: E402
+from think_scripted.server import ScriptedModelServer  # noqa: E402
 
 litellm.suppress_debug_info = True
 

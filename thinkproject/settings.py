@@ -158,7 +158,7 @@ CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
-from thinkproject import scripted  # noqa: E402
+from think_scripted import kwargs as scripted  # noqa: E402
 
 THINK: dict[str, Any] = {
     "AGENTS": {"assistant": "thinkproject.agents.Assistant"},

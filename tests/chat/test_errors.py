@@ -23,7 +23,7 @@ from litellm.exceptions import MidStreamFallbackError  # noqa: E402
 from chat.agents import Think, default_chat_error_classifier, default_context_overflow_classifier  # noqa: E402
 from chat.turn.errors import recoverable_kind, retry_after_s  # noqa: E402
 from chat.turn.overflow import classify  # noqa: E402
-from thinkproject.scripted_model import RATE_LIMIT_RETRY_AFTER_S, ScriptedModelServer  # noqa: E402
+from think_scripted.server import RATE_LIMIT_RETRY_AFTER_S, ScriptedModelServer  # noqa: E402
 
 litellm.suppress_debug_info = True
 

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 
 from chat.turn import llm, openai_compat  # noqa: E402
 from chat.turn.errors import default_chat_error_classifier, retry_after_s  # noqa: E402
-from thinkproject.scripted_model import RATE_LIMIT_RETRY_AFTER_S, ScriptedModelServer  # noqa: E402
+from think_scripted.server import RATE_LIMIT_RETRY_AFTER_S, ScriptedModelServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

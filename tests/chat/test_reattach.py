@@ -224,7 +224,7 @@ async def test_only_reattach_calls_go_to_the_responses_api(scripted_model: Any) 
     """Registering the scripted model with litellm (so its Responses streams are real) must not send
     ordinary chat completions through litellm's Responses bridge."""
     from chat.turn import llm
-    from thinkproject.scripted import litellm_kwargs as scripted_kwargs
+    from think_scripted.kwargs import litellm_kwargs as scripted_kwargs
 
     model = {**scripted_kwargs(), "api_base": scripted_model.url}
     created = scripted_model.responses_created
@@ -270,7 +270,7 @@ async def test_a_resume_the_provider_cannot_serve_says_why(scripted_model: Any) 
     from chat.exceptions import ReattachUnavailable
     from chat.turn import llm
     from tests.support import free_port
-    from thinkproject.scripted import litellm_kwargs as scripted_kwargs
+    from think_scripted.kwargs import litellm_kwargs as scripted_kwargs
 
     model = {**scripted_kwargs(), "api_base": scripted_model.url}
     cursor = ResponseCursor("resp_never_made", 3)

@@ -1,5 +1,5 @@
 """The core scenarios through litellm's Anthropic and Gemini code paths: a stack whose worker's model is
-the scripted model speaking that provider's dialect (thinkproject.scripted_dialects), so the requests,
+the scripted model speaking that provider's dialect (think_scripted.dialects), so the requests,
 event shapes, tool-call deltas, usage fields and error bodies are each provider's own."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from tests.support import (
     numbers,
     user_message,
 )
-from thinkproject.scripted_model import ScriptedModelServer
+from think_scripted.server import ScriptedModelServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

@@ -1,4 +1,4 @@
-"""How the demo site talks to its scripted model (`python -m thinkproject.scripted_model`): the
+"""How the demo site talks to its scripted model (`python -m think_scripted.server`): the
 litellm kwargs of THINK["MODEL"] and the entries litellm's cost map lacks for it. No I/O at import."""
 
 from __future__ import annotations

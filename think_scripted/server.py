@@ -6,8 +6,8 @@ real OpenAI code path (model ``"openai/scripted"``, ``api_base`` = this server's
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``, ``GET /healthz``,
 the Responses API (``/v1/responses``, see below), and the same replies in Anthropic's Messages API
 (``POST /v1/messages``) and Gemini's ``generateContent`` (``POST
-/v1beta/models/{model}:streamGenerateContent``): see :mod:`thinkproject.scripted_dialects`;
-``thinkproject.scripted.litellm_kwargs(url, dialect)`` gives litellm's arguments for each.
+/v1beta/models/{model}:streamGenerateContent``): see :mod:`think_scripted.dialects`;
+``think_scripted.kwargs.litellm_kwargs(url, dialect)`` gives litellm's arguments for each.
 The reply is driven by the *prompt*: the last user message of the request that is not a continuation
 prompt (summarisation requests excepted, see below). Directives in it (case-insensitive, anywhere in the
 text, combinable):
@@ -101,7 +101,7 @@ chunks (text or tool-call deltas). The usage chunk (``choices: []``) is sent whe
 request asks for ``stream_options.include_usage``. Error responses carry ``x-should-retry: false`` so
 the OpenAI SDK does not retry them itself: retries are the caller's business.
 
-Responses API (:mod:`thinkproject.scripted_responses`, on the same server): ``POST /v1/responses``
+Responses API (:mod:`think_scripted.responses`, on the same server): ``POST /v1/responses``
 answers the same prompts with OpenAI's Responses events (``sequence_number`` from 0, one
 ``response.output_text.delta`` per word, ``function_call`` items for ``[tool ...]``). With ``background:
 true`` the generation is a server-side task that outlives the request: ``GET /v1/responses/{id}`` returns
@@ -113,7 +113,7 @@ the generations it started and the output tokens of each (``ScriptedModelServer.
 
 Pacing: ``SCRIPTED_MODEL_TOKEN_RATE`` chunks per second (default 20; ``<= 0``: no pacing), overridden by
 ``build_app(token_rate=...)`` and by ``[rate R]``.
-Run: ``python -m thinkproject.scripted_model --host 127.0.0.1 --port 8765`` (defaults from
+Run: ``python -m think_scripted.server --host 127.0.0.1 --port 8765`` (defaults from
 ``SCRIPTED_MODEL_HOST`` / ``SCRIPTED_MODEL_PORT``). In tests use :class:`ScriptedModelServer`.
 """
 
@@ -138,7 +138,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-log = logging.getLogger("thinkproject.scripted_model")
+log = logging.getLogger("think_scripted.server")
 
 MODEL_NAME = "scripted"
 FIXED_REPLY = "Hello! I am the scripted model. Ask me to count to N."
@@ -889,10 +889,10 @@ def build_app(*, token_rate: float | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
-    from thinkproject.scripted_responses import add_routes  # here: that module imports this one
+    from think_scripted.responses import add_routes  # here: that module imports this one
 
     add_routes(app)  # the Responses API (POST/GET /v1/responses...)
-    from thinkproject.scripted_dialects import add_routes as add_dialects
+    from think_scripted.dialects import add_routes as add_dialects
 
     add_dialects(app)  # Anthropic's Messages API and Gemini's generateContent
     return app
@@ -937,15 +937,15 @@ class ScriptedModelServer:
 
     @property
     def responses_created(self) -> int:
-        """Number of Responses API generations started (see :mod:`thinkproject.scripted_responses`)."""
-        from thinkproject.scripted_responses import RESPONSES_KEY
+        """Number of Responses API generations started (see :mod:`think_scripted.responses`)."""
+        from think_scripted.responses import RESPONSES_KEY
 
         return self.app[RESPONSES_KEY].created
 
     @property
     def response_output_tokens(self) -> dict[str, int]:
         """Output tokens (chunks) generated so far per Responses API response id, forgotten ones included."""
-        from thinkproject.scripted_responses import RESPONSES_KEY
+        from think_scripted.responses import RESPONSES_KEY
 
         return dict(self.app[RESPONSES_KEY].output_tokens)
 

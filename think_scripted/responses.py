@@ -8,7 +8,7 @@ answers both APIs:
   ``function_call_output`` items), optional ``instructions`` (a system message), ``tools`` (echoed back),
   ``stream``, ``background``, ``store``. The input is turned into chat messages and the reply is the one
   ``/v1/chat/completions`` would give (directives, tool calls, tool-result follow-ups, continuations,
-  ``once`` / ``always``, token accounting: see :mod:`thinkproject.scripted_model`). A text reply is one
+  ``once`` / ``always``, token accounting: see :mod:`think_scripted.server`). A text reply is one
   ``message`` output item streamed one word per ``response.output_text.delta``; ``[tool NAME {json}]``
   gives ``function_call`` output items (``call_id`` ``call_<R>_<i>`` as in the chat API) whose arguments
   come in up to three ``response.function_call_arguments.delta`` events.
@@ -59,7 +59,7 @@ from typing import Any
 
 from aiohttp import web
 
-from thinkproject.scripted_model import (
+from think_scripted.server import (
     MODEL_NAME,
     STATE_KEY,
     BadRequestError,
@@ -76,7 +76,7 @@ from thinkproject.scripted_model import (
     plan_reply,
 )
 
-log = logging.getLogger("thinkproject.scripted_model.responses")
+log = logging.getLogger("think_scripted.server.responses")
 
 _FORGET_RE = re.compile(r"\[forget\]", re.IGNORECASE)
 FINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "incomplete"})

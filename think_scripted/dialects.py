@@ -1,7 +1,7 @@
 """The scripted model in Anthropic's and Gemini's dialects, so litellm's own code path for each runs.
 
 :func:`add_routes` puts two more APIs on the scripted model's app (``build_app`` calls it); both answer
-the prompts and directives of :mod:`thinkproject.scripted_model` (count, tools, tool-result follow-ups,
+the prompts and directives of :mod:`think_scripted.server` (count, tools, tool-result follow-ups,
 continuations, stall / fail / malformed / reset / overflow / window, ``once`` / ``always``, rate, stamp,
 ``[no finish]``), after turning the request into chat messages:
 
@@ -42,7 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
-from thinkproject.scripted_model import (
+from think_scripted.server import (
     RATE_LIMIT_RETRY_AFTER_S,
     STATE_KEY,
     BadRequestError,
@@ -63,7 +63,7 @@ from thinkproject.scripted_model import (
     stream_plan,
 )
 
-log = logging.getLogger("thinkproject.scripted_model.dialects")
+log = logging.getLogger("think_scripted.server.dialects")
 
 ANTHROPIC_STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use"}
 ANTHROPIC_ERROR_TYPES = {429: "rate_limit_error", 529: "overloaded_error", 401: "authentication_error"}

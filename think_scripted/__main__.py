@@ -1,0 +1,3 @@
+from think_scripted.server import main
+
+main()
