@@ -383,3 +383,17 @@ def seed(agent: str, name: str, count: int = 6) -> None:
             parts=[{"type": "text", "text": f"{i}: {FILLER}"}],
             position=i,
         )
+
+
+def http_get(port: int, path: str, session: str | None = None) -> tuple[int, bytes]:
+    """GET a path of a site on 127.0.0.1 (as the user of a sessionid cookie): status and body."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Cookie": f"sessionid={session}"} if session else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()

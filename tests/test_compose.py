@@ -10,7 +10,7 @@ import pytest
 import yaml
 from django.urls import resolve
 
-from thinkproject.health import healthz
+from recovery.health import healthz
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,9 +11,9 @@ from django.conf import settings
 from django.core.cache import cache
 from django.test import Client, override_settings
 
+from recovery import health
 from recovery.heartbeat import KEY, beat_touch
 from tests.support import free_port
-from thinkproject import health
 
 pytestmark = pytest.mark.django_db
 

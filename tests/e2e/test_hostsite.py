@@ -38,6 +38,7 @@ from tests.support import (
     assistant_text,
     chat_request,
     follow_conversation,
+    http_get,
     numbers,
     require,
     start_beat,
@@ -101,13 +102,7 @@ class HostSite:
         return result.stdout.strip().splitlines()[-1]
 
     def get(self, path: str, session: str | None = None) -> tuple[int, bytes]:
-        headers = {"Cookie": f"sessionid={session}"} if session else {}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as error:
-            return error.code, b""
+        return http_get(self.port, path, session)
 
 
 @pytest.fixture(scope="module")
