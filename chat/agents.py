@@ -128,6 +128,11 @@ class Think:
     max_steps: ClassVar[int] = 10
     #: A request while another turn is busy: "queue" (after it), "latest" (skip older queued ones), "drop".
     message_concurrency: ClassVar[str] = "queue"
+    #: Let clients write any history: system, assistant and tool messages in a chat request are stored
+    #: and sent to the model. Off, a client adds user messages only (text, files, data) and a request
+    #: with anything else is refused. On, whoever holds the socket can put words in the model's mouth and
+    #: place instructions above the system prompt: only for clients the site trusts as much as itself.
+    accept_client_history: ClassVar[bool] = False
 
     def __init__(self, *, agent: str, name: str, conversation_id: int | None = None) -> None:
         self.agent = agent
@@ -313,6 +318,17 @@ def agent_for(agent: str, name: str, conversation_id: int | None = None) -> Thin
     return agent_class(agent)(agent=agent, name=name, conversation_id=conversation_id)
 
 
+def conversation_name_problem(name: str) -> str | None:
+    """What is wrong with a conversation name (None when nothing is): it must be 1 to
+    THINK["MAX_NAME_LENGTH"] characters, none of them a control character (Postgres stores no NUL)."""
+    limit = think_setting("MAX_NAME_LENGTH")
+    if not 0 < len(name) <= limit:
+        return f"a conversation name has 1 to {limit} characters"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "a conversation name holds no control characters"
+    return None
+
+
 def open_agent(agent: str, name: str, *, owner: str | None = None) -> AgentHandle:
     """The conversation (agent, name), created if new: the start of programmatic use.
 
@@ -324,6 +340,9 @@ def open_agent(agent: str, name: str, *, owner: str | None = None) -> AgentHandl
     """
 
     agent_class(agent)  # UnknownAgent before anything is written
+    problem = conversation_name_problem(name)
+    if problem is not None:
+        raise ValueError(f"{problem}: {name!r}")
     conversation = conversation_get_or_create(agent=agent, name=name, owner=owner or "")
     if (
         owner

@@ -8,7 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from .access import Credentials, access_policy, conversation_read
-from .agents import agent_class, agent_names, kebab
+from .agents import agent_class, agent_names, conversation_name_problem, kebab
 from .exceptions import AccessDenied, UnknownAgent
 from .transcript.selectors import messages_list
 
@@ -23,6 +23,9 @@ def get_messages(request: HttpRequest, agent: str, name: str) -> HttpResponse:
         agent_class(agent)
     except UnknownAgent:
         return JsonResponse({"error": f"unknown agent {agent!r}"}, status=404)
+    problem = conversation_name_problem(name)
+    if problem is not None:
+        return JsonResponse({"error": problem}, status=400)
     credentials = Credentials.from_request(request)
     try:
         conversation = conversation_read(agent=agent, name=name, credentials=credentials)

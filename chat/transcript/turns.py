@@ -37,15 +37,21 @@ Messages = list[dict[str, Any]]
 MessagesOrFunction = Messages | Callable[[Messages], Messages]
 
 
-def turn_refusal(*, conversation_id: int, request: ChatRequest, busy: FiberQuerySet, policy: str) -> str:
-    """Why a chat request is refused ("" when it is not): a message it adds is over the limits, or the
-    conversation's queue is full. Messages the server already has are echoes and not checked: the
-    server wrote them itself (long answers, big tool outputs). Call with the conversation locked."""
+def turn_refusal(
+    *, conversation_id: int, request: ChatRequest, busy: FiberQuerySet, policy: str, client_history: bool
+) -> str:
+    """Why a chat request is refused ("" when it is not): a message it adds is not the client's to add,
+    or is over the limits, or the conversation's queue is full. Messages the server already has are
+    echoes and not checked: the server wrote them itself (long answers, big tool outputs), and the
+    stored ones stay as they are whatever the echo says. Call with the conversation locked."""
     known = set(Message.objects.filter(conversation_id=conversation_id).values_list("message_id", flat=True))
     limits = frame_limits()
     for message in request.messages:
         if message["id"] in known or message["id"].startswith(COMPACTION_PREFIX):
             continue
+        problem = None if client_history else client_message_problem(message)
+        if problem is not None:
+            return problem
         try:
             check_message_limits(message, limits)
         except ProtocolError as exc:
@@ -54,6 +60,27 @@ def turn_refusal(*, conversation_id: int, request: ChatRequest, busy: FiberQuery
     if policy == "queue" and busy.filter(status=Fiber.Status.PENDING).count() >= queued:
         return f"{queued} turns are already queued in this conversation; send it when one has run"
     return ""
+
+
+# Parts only the server writes: a user message carrying one would put words in the model's mouth.
+SERVER_PARTS = ("tool-", "dynamic-tool", "reasoning", "step-start", "source-")
+
+
+def client_message_problem(message: dict[str, Any]) -> str | None:
+    """Why a client may not add this message (None when it may): a client writes user messages, and only
+    the parts a user writes (text, files, data); an assistant's, system's or tool's message, or a tool
+    call or reasoning in a user's, is the server's to write."""
+    role = message.get("role")
+    if role != "user":
+        return (
+            f"message {message['id']!r} has role {role!r}: a client adds user messages only"
+            " (tool results and approvals have frames of their own)"
+        )
+    for part in message.get("parts") or ():
+        kind = str(part.get("type", "")) if isinstance(part, dict) else ""
+        if kind.startswith(SERVER_PARTS):
+            return f"message {message['id']!r} holds a {kind!r} part: only the server writes those"
+    return None
 
 
 def turn_snapshot(
@@ -96,12 +123,15 @@ class AcceptedTurn:
     refused: str = ""  # why it was refused (a new message over the limits, a full queue); nothing stored
 
 
-def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "queue") -> AcceptedTurn:
+def turn_accept(
+    *, conversation_id: int, request: ChatRequest, policy: str = "queue", client_history: bool = False
+) -> AcceptedTurn:
     """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
 
     While another turn is queued or running, `policy` decides: "queue" runs this one after it (up to
     THINK["MAX_QUEUED_TURNS"] waiting turns), "latest" also cancels turns still waiting in the queue
-    (their messages stay), "drop" refuses this one.
+    (their messages stay), "drop" refuses this one. A client adds user messages only, unless
+    `client_history` (the agent's `accept_client_history`) lets it write any history.
     """
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
@@ -109,7 +139,13 @@ def turn_accept(*, conversation_id: int, request: ChatRequest, policy: str = "qu
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
         busy = Fiber.objects.filter(conversation=conversation).active()
-        refused = turn_refusal(conversation_id=conversation_id, request=request, busy=busy, policy=policy)
+        refused = turn_refusal(
+            conversation_id=conversation_id,
+            request=request,
+            busy=busy,
+            policy=policy,
+            client_history=client_history,
+        )
         if refused:
             return AcceptedTurn(None, request.id, refused=refused)
         if policy == "drop" and busy.exists():

@@ -22,8 +22,8 @@ from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from ..access import Credentials, conversation_open
-from ..agents import agent_class
-from ..conf import frame_limits, think_setting
+from ..agents import agent_class, conversation_name_problem
+from ..conf import frame_limits
 from ..exceptions import AccessDenied, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import messages_list, stream_for_request
@@ -65,8 +65,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except UnknownAgent:
             await self.close(code=CLOSE_UNKNOWN_AGENT, reason=f"unknown agent {self.agent_name!r}")
             return
-        if not 0 < len(self.instance_name) <= think_setting("MAX_NAME_LENGTH"):
-            await self.close(code=CLOSE_BAD_NAME, reason="bad conversation name")
+        problem = conversation_name_problem(self.instance_name)
+        if problem is not None:
+            await self.close(code=CLOSE_BAD_NAME, reason=problem)
             return
         try:  # the only door: every frame after this acts on the conversation checked here
             conversation = await database_sync_to_async(conversation_open)(
@@ -140,9 +141,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
         return f"more than {self.bucket.rate:g} frames a second (after a burst of {self.bucket.burst})"
 
     async def on_chatrequest(self, frame: p.ChatRequest) -> None:
-        policy = agent_class(self.agent_name).message_concurrency
+        agent = agent_class(self.agent_name)
         accepted = await database_sync_to_async(turn_accept)(
-            conversation_id=self.conversation_id, request=frame, policy=policy
+            conversation_id=self.conversation_id,
+            request=frame,
+            policy=agent.message_concurrency,
+            client_history=agent.accept_client_history,
         )
         if accepted.duplicate:
             return
