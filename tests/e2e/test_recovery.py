@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sys
 import uuid
 from typing import Any
 
@@ -18,6 +19,7 @@ from tests.agents import probe_key, probe_redis
 from tests.support import (
     ChatClient,
     ConversationLog,
+    Proc,
     assistant_text,
     chat_request,
     follow_conversation,
@@ -111,6 +113,53 @@ async def test_sigkill_of_the_prefork_pool_child_recovers_the_turn(recovery_stac
     transcript = await sync_to_async(stored_transcript)(name)
     assert assistant_text(transcript) == numbers(50)
     worker.stop()
+
+
+CHAT_CALLER = """
+import sys
+import django
+
+django.setup()
+from chat.agents import open_agent
+
+open_agent("assistant", sys.argv[1]).chat(["count to 60 [rate 20]"])
+print("the caller finished the turn itself", flush=True)
+"""
+
+
+async def test_a_chat_caller_killed_mid_stream_leaves_its_turn_to_a_worker(
+    recovery_stack: Any, tmp_path: Any
+) -> None:
+    """Think.chat() runs the turn in the calling process; SIGKILLed mid-stream, the turn is finished by a
+    worker (the caller's fiber lease lapses, beat's tick hands it to recovery), with the exact text."""
+    recovery_stack.start_worker()
+    name = new_name("caller")
+    log_path = tmp_path / "caller.log"
+    async with ChatClient(recovery_stack.port, name) as client:
+        await client.recv_type("cf_agent_chat_messages")  # connected: the caller's chunks reach us
+        caller = Proc("chat-caller", [sys.executable, "-c", CHAT_CALLER, name], recovery_stack.env, log_path)
+        caller.start()
+        log = await follow_conversation(
+            client,
+            until=lambda log: bool(log.order) and len(log.stream(log.order[0]).chunks) >= 12,
+            timeout=60,
+        )
+        caller.kill(signal.SIGKILL)
+        await follow_conversation(client, log, timeout=90)
+    assert "finished the turn itself" not in log_path.read_text(), "the caller died mid-stream"
+    request_id = log.order[0]
+    done = log.streams[request_id].done
+    assert len(log.order) >= 2 and done is not None and done["outcome"] == "recovering", "closed by recovery"
+    assert log.text == numbers(60)
+    for later in log.order[1:]:
+        seqs = log.streams[later].seqs
+        assert seqs == list(range(len(seqs)))
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"] and assistant_text(transcript) == numbers(
+        60
+    )
+    fiber = await Fiber.objects.aget(request_id=request_id)
+    assert fiber.status == Fiber.Status.RECOVERED
 
 
 def with_suppressed_kill(pid: int) -> None:
