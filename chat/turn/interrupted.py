@@ -152,6 +152,10 @@ class InterruptedTurn:
     def created_at_ms(self) -> int:
         return int(self.fiber.created_at.timestamp() * 1000)
 
+    @property
+    def trace(self) -> Any:
+        return FiberSnapshot.from_json(self.fiber.snapshot).trace
+
     def with_agent(self, agent: Think | None = None) -> InterruptedTurn:
         self.agent = agent or agent_for(self.conversation.agent, self.conversation.name, self.conversation.pk)
         self.chat_recovery = recovery_config(self.agent)
