@@ -49,6 +49,9 @@ class TurnSnapshot:
     incident_id: str | None = None  # set on a recovery's continuation or retry
     submission_id: str | None = None  # set on the turn of a durable submission
     owner_channel: str | None = None  # the connection that answered the tool this turn continues
+    # A recovery's turn: the trace contexts of the attempt that started it and of the run it recovers
+    # (chat.turn.tracing), {"attempt": carrier, "recovers": carrier}.
+    recovery_trace: dict[str, Any] | None = None
 
     @property
     def root_request_id(self) -> str:
@@ -114,8 +117,9 @@ _KEYS = {
     "incident_id": "incidentId",
     "submission_id": "submissionId",
     "owner_channel": "ownerChannel",
+    "recovery_trace": "recoveryTrace",
 }
-_OMITTED_WHEN_NONE = {"incident_id", "submission_id", "owner_channel"}
+_OMITTED_WHEN_NONE = {"incident_id", "submission_id", "owner_channel", "recovery_trace"}
 
 
 @dataclass(frozen=True)
