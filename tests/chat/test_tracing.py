@@ -41,18 +41,14 @@ from recovery.fibers import TRACE_SLOT, fibers_take_expired
 from recovery.models import Alarm, Fiber, Stream
 from recovery.runtime import db
 from recovery.stream import stream_chunks
-from tests.operator_support import terminate_new_backends
 from tests.support import TEST_PRINCIPAL
 
+# in_process_model: its stack_environment ends, with the run, the connections the turns' DB threads leave
+# open (ending them here would break later modules that share the async ORM's thread).
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("in_process_model")]
 
 ADD = '[tool add {"tag": "trace", "a": 1, "b": 2}]'
 EXPLODE = '[tool explode {"tag": "trace"}]'
-
-
-@pytest.fixture(scope="module", autouse=True)
-def close_db_thread_connections(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
-    yield from terminate_new_backends(django_db_blocker)
 
 
 @pytest.fixture
