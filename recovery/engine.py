@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from . import tracing
 from .alarms import alarm_claim, alarm_schedule
 from .context import ChatRecoveryOptions
 from .fibers import fiber_mark_recovered
@@ -29,7 +30,7 @@ from .incidents import (
     transient_wait_s,
 )
 from .runtime import db
-from .targets import Interrupted, recovery_target
+from .targets import Interrupted, RecoveryTarget, recovery_target
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,12 @@ async def recover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) ->
     work = await target.load(fiber_id)
     if work is None:
         return
+    with tracing.attempt_span(work):
+        await _handle(target, work, retry_after_s=retry_after_s)
+
+
+async def _handle(target: RecoveryTarget, work: Interrupted, *, retry_after_s: float | None) -> None:
+    fiber_id = work.fiber_id
     fiber_event = {
         "fiberId": str(fiber_id),
         "fiberName": target.fiber_name.format(request_id=work.request_id),
@@ -90,6 +97,7 @@ async def recover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) ->
         awaiting=awaiting,
     )
     incident = evaluation.incident
+    tracing.attempt_incident(incident)
     if evaluation.predicate_error is not None:
         logger.warning(
             "chat_recovery.should_keep_recovering raised; recovery continues: %r", evaluation.predicate_error
@@ -135,6 +143,7 @@ async def _recover(work: Interrupted, incident: Incident, *, delay_s: float) -> 
             reason=str(exc)[:64],
         )
         work.emit("chat:recovery:failed", {**event_payload(incident), "reason": str(exc)})
+        tracing.attempt_outcome("failed", reason=str(exc)[:64])
         raise
     options = options if isinstance(options, ChatRecoveryOptions) else ChatRecoveryOptions()
     await target.persist(work, keep=options.persist)
@@ -152,6 +161,7 @@ async def schedule(
         status="scheduled",
     )
     await recovery_target().set_recovering(work.owner_id, work.root_request_id)
+    tracing.attempt_outcome("scheduled", callback=callback, delay_ms=int(delay_s * 1000))
     work.emit(
         "chat:recovery:scheduled",
         event_payload(incident) | ({"delayMs": int(delay_s * 1000)} if delay_s else {}),
@@ -182,6 +192,7 @@ async def skip(work: Interrupted, incident: Incident, reason: str) -> None:
         reason=reason,
     )
     work.emit("chat:recovery:skipped", {**event_payload(incident), "reason": reason})
+    tracing.attempt_outcome("skipped", reason=reason)
     await recovery_target().set_recovering(work.owner_id, None)
 
 
@@ -198,6 +209,7 @@ async def give_up(work: Interrupted, incident: Incident) -> None:
         partial_parts=work.partial_parts,
     )
     work.emit("chat:recovery:exhausted", dict(vars(ctx)))
+    tracing.attempt_outcome("exhausted", reason=sealed.reason)
     if work.config.on_exhausted is not None:
         try:
             await maybe_await(work.config.on_exhausted(ctx))

@@ -30,9 +30,10 @@ from .models import Fiber, owner_model
 logger = logging.getLogger(__name__)
 
 # A fiber's snapshot is JSON the owning app writes when it creates the fiber. While the fiber runs this
-# layer patches two slots of it in SQL, each in a statement of its own, so neither write clobbers the other.
+# layer patches three slots of it in SQL, each in a statement of its own, so no write clobbers another.
 STASH_SLOT = "user"  # what the running work keeps for its recovery (fiber_stash)
 CURSOR_SLOT = "reattach"  # the provider cursor the stream's segment writes record (recovery.stream)
+TRACE_SLOT = "trace"  # the trace context of the fiber's run (fiber_trace_record, recovery.tracing)
 
 
 @dataclass(frozen=True)
@@ -240,16 +241,26 @@ def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
         encoded = json.dumps(data)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"stash() needs JSON-serialisable data: {exc}") from None
+    if not _slot_set(STASH_SLOT, encoded, fiber_id=fiber_id, fencing=fencing):
+        raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+
+
+def fiber_trace_record(*, fiber_id: Any, fencing: int, carrier: dict[str, str]) -> bool:
+    """Record the trace context of the fiber's run (TRACE_SLOT), for the spans of its recovery; fenced,
+    False when the fiber is no longer ours."""
+    return _slot_set(TRACE_SLOT, json.dumps(carrier), fiber_id=fiber_id, fencing=fencing)
+
+
+def _slot_set(slot: str, encoded: str, *, fiber_id: Any, fencing: int) -> bool:
+    """Set one slot of a running fiber's snapshot in one fenced statement; False when it is not ours."""
     sql = (
         f"UPDATE {Fiber._meta.db_table}"
         " SET snapshot = jsonb_set(COALESCE(snapshot, '{}'::jsonb), %s::text[], %s::jsonb)"
         " WHERE id = %s AND fencing = %s AND status = %s"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [[STASH_SLOT], encoded, fiber_id, fencing, Fiber.Status.RUNNING])
-        updated = cursor.rowcount
-    if not updated:
-        raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
+        cursor.execute(sql, [[slot], encoded, fiber_id, fencing, Fiber.Status.RUNNING])
+        return bool(cursor.rowcount)
 
 
 def fiber_mark_recovered(*, fiber_id: Any) -> None:

@@ -49,6 +49,8 @@ class Interrupted(Protocol):
     def partial_text(self) -> str: ...
     @property
     def partial_parts(self) -> list[dict[str, Any]]: ...
+    @property
+    def trace(self) -> Any: ...  # the trace context its run recorded (recovery.fibers.TRACE_SLOT), or None
 
     def emit(self, event_type: str, payload: dict[str, Any]) -> None:
         """A diagnostics event, labelled with the owner's names."""

@@ -1,10 +1,11 @@
 """What a chat turn's fiber records before the model is called: its kind and its snapshot.
 
 A fiber's snapshot is one JSON value in Postgres: `{"chat": <the turn>, "user": <stash>, "reattach":
-<provider cursor>}`. The chat app writes it whole when it creates the fiber, so that even a turn that
-dies before its first chunk can be recovered; while the turn runs, the recovery layer patches only its
-two slots in SQL (`recovery.fibers.STASH_SLOT`, `CURSOR_SLOT`). This module is the one owner of the
-keys: everyone else reads and writes a snapshot through `TurnSnapshot` and `FiberSnapshot`.
+<provider cursor>, "trace": <trace context>}`. The chat app writes it whole when it creates the fiber, so
+that even a turn that dies before its first chunk can be recovered; while the turn runs, the recovery
+layer patches only its three slots in SQL (`recovery.fibers.STASH_SLOT`, `CURSOR_SLOT`, `TRACE_SLOT`).
+This module is the one owner of the keys: everyone else reads and writes a snapshot through
+`TurnSnapshot` and `FiberSnapshot`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from django.db import models
 
-from recovery.fibers import CURSOR_SLOT, STASH_SLOT
+from recovery.fibers import CURSOR_SLOT, STASH_SLOT, TRACE_SLOT
 
 
 class TurnKind(models.TextChoices):
@@ -48,6 +49,9 @@ class TurnSnapshot:
     incident_id: str | None = None  # set on a recovery's continuation or retry
     submission_id: str | None = None  # set on the turn of a durable submission
     owner_channel: str | None = None  # the connection that answered the tool this turn continues
+    # A recovery's turn: the trace contexts of the attempt that started it and of the run it recovers
+    # (chat.turn.tracing), {"attempt": carrier, "recovers": carrier}.
+    recovery_trace: dict[str, Any] | None = None
 
     @property
     def root_request_id(self) -> str:
@@ -113,21 +117,25 @@ _KEYS = {
     "incident_id": "incidentId",
     "submission_id": "submissionId",
     "owner_channel": "ownerChannel",
+    "recovery_trace": "recoveryTrace",
 }
-_OMITTED_WHEN_NONE = {"incident_id", "submission_id", "owner_channel"}
+_OMITTED_WHEN_NONE = {"incident_id", "submission_id", "owner_channel", "recovery_trace"}
 
 
 @dataclass(frozen=True)
 class FiberSnapshot:
     """A fiber's stored snapshot, read: the chat turn (None when the value is not a chat turn's), what the
-    turn stashed for its recovery, and the provider cursor its segment writes recorded."""
+    turn stashed for its recovery, the provider cursor its segment writes recorded, and the trace context
+    its run recorded."""
 
     turn: TurnSnapshot | None
     stash: Any = None
     cursor: Any = None
+    trace: Any = None
 
     @classmethod
     def from_json(cls, value: Any) -> FiberSnapshot:
         if not isinstance(value, dict) or TURN_SLOT not in value:
             return cls(None, value)  # not our envelope: the whole value is the owner's data
-        return cls(TurnSnapshot.from_json(value[TURN_SLOT]), value.get(STASH_SLOT), value.get(CURSOR_SLOT))
+        turn = TurnSnapshot.from_json(value[TURN_SLOT])
+        return cls(turn, value.get(STASH_SLOT), value.get(CURSOR_SLOT), value.get(TRACE_SLOT))

@@ -206,12 +206,14 @@ def turn_start_recovered(
     last_body: dict[str, Any] | None = None,
     last_client_tools: list[dict[str, Any]] | None = None,
     reattach: dict[str, Any] | None = None,
+    recovery_trace: dict[str, Any] | None = None,
 ) -> TurnStart:
     """Start a continuation (leaf must be an assistant message) or a retry (leaf must be a user message).
 
     A continuation writes a new assistant message after the partial; a retry re-runs the model for the
     existing user message, which is never added twice. Skipped while another turn is queued or running.
     `reattach`: the provider cursor of the dead turn, for a continuation that rejoins its generation.
+    `recovery_trace`: the trace contexts its span continues (TurnSnapshot.recovery_trace).
     """
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
@@ -223,6 +225,7 @@ def turn_start_recovered(
             last_body=last_body,
             last_client_tools=last_client_tools,
             reattach=reattach,
+            recovery_trace=recovery_trace,
         )
 
 
@@ -237,6 +240,7 @@ def turn_start_followup(
     require_idle: bool = True,
     owner_channel: str | None = None,
     reattach: dict[str, Any] | None = None,
+    recovery_trace: dict[str, Any] | None = None,
 ) -> TurnStart:
     """Create the fiber of a continuation or retry; call inside a transaction holding the conversation lock.
 
@@ -263,7 +267,7 @@ def turn_start_followup(
         continuation=kind != TurnKind.RETRY,
         root_request_id=root_request_id or None,
         incident_id=incident_id,
-    ).replace(owner_channel=owner_channel)
+    ).replace(owner_channel=owner_channel, recovery_trace=recovery_trace)
     # The cursor goes where the turn's own segment writes keep it (recovery.stream).
     stored = snapshot.envelope(cursor=reattach)
     fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=stored)

@@ -133,6 +133,7 @@ class _Callback:
             last_body=self.data.get("lastBody"),
             last_client_tools=self.data.get("lastClientTools"),
             reattach=self.data.get("reattach") if kind == TurnKind.CONTINUE else None,
+            recovery_trace=self.data.get("trace"),
         )
         if started.status == "skipped":
             await self.set_status("skipped")

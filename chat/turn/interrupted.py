@@ -40,6 +40,7 @@ from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
 from ..transcript.turns import RUN_TURN, turn_enqueue_pending
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, recovering_frame, response_frame
+from . import tracing
 
 CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"
@@ -151,6 +152,10 @@ class InterruptedTurn:
     @property
     def created_at_ms(self) -> int:
         return int(self.fiber.created_at.timestamp() * 1000)
+
+    @property
+    def trace(self) -> Any:
+        return FiberSnapshot.from_json(self.fiber.snapshot).trace
 
     def with_agent(self, agent: Think | None = None) -> InterruptedTurn:
         self.agent = agent or agent_for(self.conversation.agent, self.conversation.name, self.conversation.pk)
@@ -359,6 +364,9 @@ class ChatTarget(RecoveryTarget):
             "lastBody": work.last_body,
             "lastClientTools": work.last_client_tools,
         }
+        trace = tracing.recovery_trace(work)
+        if trace is not None:  # the turn this recovery starts joins its trace (chat.turn.tracing)
+            data["trace"] = trace
         if should_retry:
             data["targetUserId"] = work.latest_user_message_id
             await recovery_engine.schedule(work, incident, RETRY_CALLBACK, data, delay_s=delay_s)

@@ -23,7 +23,7 @@ from ..transcript.interactions import result_update
 from ..transcript.model_messages import to_model_messages
 from ..transcript.repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
 from ..transcript.selectors import messages_list
-from . import llm
+from . import llm, tracing
 from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
@@ -83,6 +83,7 @@ class ModelLoop:
         # The stored generation the first step rejoins instead of calling the model (model_reattach).
         self.reattach = reattach if reattach is not None and not reattach.done else None
         self.note_cursor = note_cursor
+        self.model: str | None = None  # the model of the last step, for its span
 
     async def _emit_all(self, chunks: list[dict[str, Any]], cursor: ResponseCursor | None = None) -> None:
         """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
@@ -106,7 +107,11 @@ class ModelLoop:
             if number > 1:
                 await self._proactive_compaction(chunker.step_usage)
             await self._emit_all(chunker.step_start())
-            await self._stream_step(chunker)
+            with tracing.step_span(number) as span:
+                earlier = chunker.step_usage  # a step without usage leaves the last step's in place
+                await self._stream_step(chunker)
+                usage = chunker.step_usage if chunker.step_usage is not earlier else None
+                tracing.step_ended(span, model=self.model, finish_reason=chunker.finish_reason, usage=usage)
             await self._emit_all(chunker.step_end())
             calls = chunker.take_tool_calls()
             waiting = await self._handle_calls(calls)
@@ -165,6 +170,7 @@ class ModelLoop:
     def _model_events(self) -> Any:
         tools = self.toolset.schemas() if self.toolset else None
         model = self.agent.completion_kwargs()
+        self.model = str(model["model"])
         if not self.agent.model_reattach:
             return llm.stream_chat(
                 model=model,
@@ -244,10 +250,13 @@ class ModelLoop:
                 continue  # a tool-input-error part already settled it
             item = self.toolset.get(call.name)
             if item is None:
+                tracing.tool_not_run(call.name, call.id, "unknown_tool")
                 await self.emit(ToolOutcome(error_text=UNKNOWN_TOOL.format(name=call.name)).chunk(call.id))
             elif item.is_client:
+                tracing.tool_not_run(call.name, call.id, "client")
                 waiting = True
             elif item.needs_approval:
+                tracing.tool_not_run(call.name, call.id, "approval_requested")
                 approval = {
                     "type": "tool-approval-request",
                     "approvalId": str(uuid.uuid4()),
@@ -261,8 +270,14 @@ class ModelLoop:
         return waiting
 
     async def _run_tool(self, item: Tool, tool_call_id: str, tool_input: Any) -> None:
-        outcome = await tool_execute(item, tool_input)
+        outcome = await self._execute(item, tool_call_id, tool_input)
         await self.emit(outcome.chunk(tool_call_id))
+
+    async def _execute(self, item: Tool, tool_call_id: str, tool_input: Any) -> ToolOutcome:
+        with tracing.tool_span(item.name, tool_call_id) as span:
+            outcome = await tool_execute(item, tool_input)
+            tracing.tool_ended(span, outcome)
+        return outcome
 
     async def _run_approved(self) -> None:
         """Execute the tools a human approved in the last assistant message (their results go there)."""
@@ -278,7 +293,7 @@ class ModelLoop:
             if item is None or item.is_client:
                 outcome = ToolOutcome(error_text=UNKNOWN_TOOL.format(name=tool_name_of(part)))
             else:
-                outcome = await tool_execute(item, part.get("input"))
+                outcome = await self._execute(item, str(part["toolCallId"]), part.get("input"))
             chunk = outcome.chunk(str(part["toolCallId"]))
             await self.emit(chunk)  # an extended message is the accumulator's: the chunk settles it there
             if self.extends is not None:

@@ -36,7 +36,7 @@ from ..transcript.services import transcript_repair_save
 from ..transcript.snapshot import FiberSnapshot
 from ..wire import broadcast
 from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
-from . import errors, llm
+from . import errors, llm, tracing
 from .chunking import UI_CHUNK_POLICY
 from .continuation import settle_recovered_turn
 from .loop import ModelLoop
@@ -78,7 +78,8 @@ async def turn_run(fiber_id: str, *, on_chunk: ChunkCallback | None = None) -> T
         runner = TurnRunner(claim, on_chunk=on_chunk)
         signal.attach(runner)
         try:
-            await runner.run()
+            async with tracing.turn_span(runner):
+                await runner.run()
         finally:
             ACTIVE.discard(task)
         return runner
@@ -135,6 +136,7 @@ class TurnRunner:
         self.writer: StreamWriter | None = None
         self.stream_id: Any = None
         self.stop_reason: str | None = None  # "cancel", "lease" or "database"
+        self.handed_over: str | None = None  # why the turn went to recovery itself ("stalled", "shutdown")
         self.producer: asyncio.Task[None] | None = None
         self.outcome = "interrupted"  # until the turn finishes
         self.classification: str | None = None
@@ -490,6 +492,7 @@ class TurnRunner:
     async def _abandon(self) -> None:
         """The worker is shutting down: persist what is buffered and let the lease lapse for recovery."""
         assert self.writer is not None
+        self.handed_over = "shutdown"
         with contextlib.suppress(Exception):
             await self.writer.flush()
         with contextlib.suppress(Exception):
@@ -502,6 +505,7 @@ class TurnRunner:
         """A stalled stream, a turn out of memory or a transient model error joins the same incident
         budget as a crash."""
         assert self.writer is not None
+        self.handed_over = reason
         logger.warning("%s (%s: handed to recovery)", cause, reason, extra=self.log_extra)
         try:
             await self.writer.flush()
