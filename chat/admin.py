@@ -17,8 +17,9 @@ from django.utils.safestring import SafeString
 
 from recovery import operations
 from recovery.admin import OperatorAdmin
+from recovery.models import Fiber
 
-from .models import Conversation, Message, Submission
+from .models import Conversation, Message, PrincipalUsage, Submission
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
 
@@ -233,3 +234,17 @@ class SubmissionAdmin(OperatorAdmin[Submission]):
     search_fields = ["submission_id", "idempotency_key", "request_id", "conversation__name"]
     date_hierarchy = "created_at"
     ordering = ["-created_at"]
+
+
+@admin.register(PrincipalUsage)
+class PrincipalUsageAdmin(OperatorAdmin[PrincipalUsage]):
+    """What each principal started and spent per day, and their turns running now (THINK limits)."""
+
+    list_display = ["principal", "day", "turns", "output_tokens", "active_turns"]
+    list_filter = ["day"]
+    search_fields = ["principal"]
+    date_hierarchy = "day"
+
+    @admin.display(description="queued or running now")
+    def active_turns(self, obj: PrincipalUsage) -> int:
+        return Fiber.objects.filter(conversation__owner=obj.principal).active().count()

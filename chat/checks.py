@@ -32,7 +32,33 @@ POSITIVE_INTEGERS = (
 
 @register()
 def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    return [*_check_agents(), *_check_numbers(), *_check_limits(), *_check_access()]
+    return [
+        *_check_agents(),
+        *_check_numbers(),
+        *_check_limits(),
+        *_check_principal_limits(),
+        *_check_access(),
+    ]
+
+
+PRINCIPAL_LIMITS = (
+    "PRINCIPAL_MAX_ACTIVE_TURNS",
+    "PRINCIPAL_TURNS_PER_MINUTE",
+    "PRINCIPAL_OUTPUT_TOKENS_PER_DAY",
+)
+
+
+def _check_principal_limits() -> list[CheckMessage]:
+    return [
+        Error(
+            f"THINK[{key!r}] must be None (no limit) or a positive integer, got {value!r}.",
+            hint="A limit per principal over all their conversations (README, Limits).",
+            id="think_chat.E024",
+        )
+        for key in PRINCIPAL_LIMITS
+        if (value := think_setting(key)) is not None
+        and not (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+    ]
 
 
 def _check_access() -> list[CheckMessage]:

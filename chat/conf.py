@@ -42,6 +42,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_QUEUED_TURNS": 10,  # turns waiting behind a busy one, per conversation ("queue" policy)
     "MAX_FRAMES_PER_S": 20.0,  # frames per connection per second, after a burst of ...
     "MAX_FRAME_BURST": 100,
+    # Limits per principal (chat.access: a user, a session, a token's subject), over all their sockets and
+    # conversations, enforced in Postgres under a per-principal lock; None: no limit. A chat request over
+    # one is refused with an error frame and nothing is stored (chat.transcript.quotas).
+    "PRINCIPAL_MAX_ACTIVE_TURNS": None,  # turns queued or running at once
+    "PRINCIPAL_TURNS_PER_MINUTE": None,  # chat requests accepted in the last 60 s
+    "PRINCIPAL_OUTPUT_TOKENS_PER_DAY": None,  # output tokens of the UTC day (as the model reported them)
 }
 
 

@@ -151,3 +151,22 @@ class Compaction(models.Model):
 
     def as_ui_message(self) -> dict[str, object]:
         return {"id": self.message_id, "role": "assistant", "parts": [{"type": "text", "text": self.summary}]}
+
+
+class PrincipalUsage(models.Model):
+    """What one principal (chat.access) started and spent on one UTC day: the THINK["PRINCIPAL_*"] limits
+    read it, and the admin shows it. Server code's conversations (no owner) are not counted."""
+
+    principal = models.CharField(max_length=255)
+    day = models.DateField()
+    turns = models.PositiveIntegerField(default=0)  # chat requests accepted
+    output_tokens = models.BigIntegerField(default=0)  # as the model reported them, per finished run
+
+    class Meta:
+        db_table = "think_chat_principal_usage"
+        verbose_name_plural = "principal usage"
+        constraints = [models.UniqueConstraint(fields=["principal", "day"], name="think_principal_usage_day")]
+        ordering = ["-day", "principal"]
+
+    def __str__(self) -> str:
+        return f"{self.principal} on {self.day}"

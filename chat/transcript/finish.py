@@ -18,6 +18,7 @@ from recovery.models import Fiber, Stream
 
 from ..models import Conversation, Message, Submission
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
+from .quotas import ADD_TOKENS
 from .snapshot import FiberSnapshot
 from .submissions import submission_turn_finished, submissions_drain
 from .turns import turn_send, turn_start_followup
@@ -31,9 +32,10 @@ class TurnOutcome:
     terminal: str | None = None  # error text recorded for late reconnects
     # Tool outputs for calls of earlier messages (approved tools run by a continuation).
     foreign_updates: list[dict[str, Any]] = field(default_factory=list)
+    output_tokens: int = 0  # the run's output tokens, counted against its owner's day (quotas)
 
 
-_FINISH_LOCK = "SELECT tool_updates, continue_armed FROM {conversation} WHERE id = %s FOR UPDATE"
+_FINISH_LOCK = "SELECT tool_updates, continue_armed, owner FROM {conversation} WHERE id = %s FOR UPDATE"
 
 
 _MESSAGE_UPDATE = """
@@ -103,7 +105,9 @@ def turn_finish(
     tables = _tables()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_FINISH_LOCK.format(**tables), [conversation_id])
-        tool_updates, continue_armed = cursor.fetchone()
+        tool_updates, continue_armed, owner = cursor.fetchone()
+        if owner and outcome.output_tokens > 0:
+            cursor.execute(ADD_TOKENS, [owner, outcome.output_tokens])
         request_id, snapshot = fiber_finish_on(
             cursor, fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or ""
         )

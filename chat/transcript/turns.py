@@ -26,6 +26,7 @@ from ..exceptions import ConversationBusy, ProtocolError
 from ..models import Conversation, Message
 from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
 from .compaction import COMPACTION_PREFIX
+from .quotas import principal_refusal, principal_turn_counted
 from .selectors import messages_list
 from .services import conversation_lock, message_upsert
 from .snapshot import TurnKind, TurnSnapshot
@@ -139,7 +140,7 @@ def turn_accept(
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
         busy = Fiber.objects.filter(conversation=conversation).active()
-        refused = turn_refusal(
+        refused = principal_refusal(conversation.owner) or turn_refusal(
             conversation_id=conversation_id,
             request=request,
             busy=busy,
@@ -166,6 +167,7 @@ def turn_accept(
             kind=TurnKind.CHAT,
             snapshot=snapshot.envelope(),
         )
+        principal_turn_counted(conversation.owner)
         transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded)
 

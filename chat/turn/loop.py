@@ -84,6 +84,7 @@ class ModelLoop:
         self.reattach = reattach if reattach is not None and not reattach.done else None
         self.note_cursor = note_cursor
         self.model: str | None = None  # the model of the last step, for its span
+        self.output_tokens = 0  # the steps' output tokens, as the model reported them
 
     async def _emit_all(self, chunks: list[dict[str, Any]], cursor: ResponseCursor | None = None) -> None:
         """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
@@ -111,6 +112,7 @@ class ModelLoop:
                 earlier = chunker.step_usage  # a step without usage leaves the last step's in place
                 await self._stream_step(chunker)
                 usage = chunker.step_usage if chunker.step_usage is not earlier else None
+                self.output_tokens += usage.completion_tokens if usage is not None else 0
                 tracing.step_ended(span, model=self.model, finish_reason=chunker.finish_reason, usage=usage)
             await self._emit_all(chunker.step_end())
             calls = chunker.take_tool_calls()

@@ -137,6 +137,7 @@ class TurnRunner:
         self.stream_id: Any = None
         self.stop_reason: str | None = None  # "cancel", "lease" or "database"
         self.handed_over: str | None = None  # why the turn went to recovery itself ("stalled", "shutdown")
+        self.output_tokens = 0  # what the model reported for this run's steps (principal usage)
         self.producer: asyncio.Task[None] | None = None
         self.outcome = "interrupted"  # until the turn finishes
         self.classification: str | None = None
@@ -322,6 +323,8 @@ class TurnRunner:
             except Exception as exc:
                 if not await self._overflow_retry(agent, exc, attempt):
                     raise
+            finally:
+                self.output_tokens += loop.output_tokens
             attempt += 1
             messages = await db(messages_list, conversation_id=self.conversation_id)
 
@@ -426,16 +429,17 @@ class TurnRunner:
         keep = self.accumulator.has_content and self.classification != CONTEXT_OVERFLOW
         message = self.accumulator.message() if keep else None
         foreign = list(self.accumulator.foreign_tool_updates)
+        spent = self.output_tokens
         if error is not None:
             text = error_text
-            outcome = TurnOutcome(Fiber.Status.FAILED, Stream.Status.ERROR, message, text, foreign)
+            outcome = TurnOutcome(Fiber.Status.FAILED, Stream.Status.ERROR, message, text, foreign, spent)
             return outcome, "error"
         if self.stop_reason == "cancel":
             return TurnOutcome(
-                Fiber.Status.CANCELLED, Stream.Status.COMPLETED, message, None, foreign
+                Fiber.Status.CANCELLED, Stream.Status.COMPLETED, message, None, foreign, spent
             ), "aborted"
         return TurnOutcome(
-            Fiber.Status.COMPLETED, Stream.Status.COMPLETED, message, None, foreign
+            Fiber.Status.COMPLETED, Stream.Status.COMPLETED, message, None, foreign, spent
         ), "completed"
 
     async def _finish(self, error: BaseException | None) -> None:
