@@ -25,11 +25,11 @@ HISTORY_MESSAGES = 6  # what `seed` stores
 
 def requests_for(scripted_model: Any, prompt: str) -> list[dict[str, Any]]:
     """The model calls of a turn (not its summarisation calls)."""
-    return [r for r in scripted_model.requests if any(m.get("content") == prompt for m in r["messages"])]
+    return [{"messages": c} for c in scripted_model.chats if any(m.get("content") == prompt for m in c)]
 
 
 def summary_requests(scripted_model: Any, since: int) -> list[dict[str, Any]]:
-    return [r for r in scripted_model.requests[since:] if r["messages"][0].get("role") == "system"]
+    return [{"messages": c} for c in scripted_model.chats[since:] if c[0].get("role") == "system"]
 
 
 def chat_errors(name: str) -> list[dict[str, Any]]:

@@ -102,7 +102,7 @@ async def test_continue_last_turn_skips_unless_the_leaf_is_an_assistant_message(
     )
     stream = await Stream.objects.aget(request_id=result.request_id)
     assert stream.is_continuation
-    last_request = scripted_model.requests[-1]["messages"]
+    last_request = scripted_model.chats[-1]
     assert last_request[-1]["role"] == "user" and last_request[-1]["content"].startswith("Continue your")
     assert last_request[-2] == {"role": "assistant", "content": "1 2 3"}
     messages = await sync_to_async(agent.messages)()

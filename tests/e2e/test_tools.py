@@ -296,10 +296,8 @@ async def test_an_orphan_is_repaired_and_persisted_before_the_next_model_call(
     assert any(f["messages"][1]["parts"] == repaired for f in frames if len(f["messages"]) > 1), (
         "clients were sent the repaired transcript"
     )
-    request = next(
-        r for r in reversed(scripted_model.requests) if r["messages"][-1].get("content") == "count to 3"
-    )
-    tool_messages = [m for m in request["messages"] if m["role"] == "tool"]
+    request = next(c for c in reversed(scripted_model.chats) if c[-1].get("content") == "count to 3")
+    tool_messages = [m for m in request if m["role"] == "tool"]
     assert tool_messages == [
         {
             "role": "tool",
