@@ -89,6 +89,10 @@ def _check_numbers() -> list[CheckMessage]:
                 f"THINK['DB_THREADS'] must be a positive integer, got {threads!r}.", id="think_recovery.E001"
             )
         )
+    retention = setting("INCIDENT_RETENTION_DAYS")
+    if retention is not None and not _positive_number(retention):
+        message = f"THINK['INCIDENT_RETENTION_DAYS'] must be a positive number or None, got {retention!r}."
+        errors.append(Error(message, id="think_recovery.E001"))
     heartbeat, ttl = setting("HEARTBEAT_INTERVAL_S"), setting("LEASE_TTL_S")
     if _positive_number(heartbeat) and _positive_number(ttl) and heartbeat >= ttl:
         errors.append(

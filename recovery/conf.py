@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     # first saw it so, if its lease was not renewed in between: a process whose session dropped takes
     # its key back, and renews on every flush tick meanwhile, well inside it.
     "LIVENESS_CONFIRM_MS": 300,
+    # Closed incidents (completed, skipped, exhausted, failed) are the admin's audit trail: kept this many
+    # days after their last change, then swept hourly; None keeps them (think_prune still deletes on demand).
+    "INCIDENT_RETENTION_DAYS": 30,
     # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is open (firewall it).
     "METRICS_TOKEN": None,
 }

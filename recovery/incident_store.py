@@ -7,11 +7,22 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.utils import timezone
 
-from .incidents import INCIDENT_TTL_MS, ChatRecovery, Evaluation, Incident, evaluate_incident
+from .incidents import (
+    INCIDENT_TTL_MS,
+    LIVE_STATUSES,
+    ChatRecovery,
+    Evaluation,
+    Incident,
+    evaluate_incident,
+    is_stale,
+)
 from .models import Incident as IncidentRow
 from .models import owner_model
 
+# The reason of a live incident closed because nothing touched it for INCIDENT_TTL_MS.
+EXPIRED = "expired"
 _FIELDS = [f.name for f in dataclasses.fields(Incident)]
 
 
@@ -38,13 +49,23 @@ def incident_save(*, conversation_id: int, incident: Incident) -> None:
     _write(conversation_id, incident)
 
 
-def incidents_sweep(*, conversation_id: int, now_ms: int) -> int:
-    """Delete incidents inactive for more than an hour (sweep before read)."""
+def incidents_expire(*, conversation_id: int, now_ms: int) -> int:
+    """Close live incidents inactive for more than INCIDENT_TTL_MS as skipped ("expired"); how many.
+
+    Their budgets are spent (a later detection opens a fresh one); the records stay for the audit trail.
+    """
     cutoff = now_ms - INCIDENT_TTL_MS
-    stale = IncidentRow.objects.filter(conversation_id=conversation_id).filter(
+    stale = IncidentRow.objects.filter(conversation_id=conversation_id, status__in=LIVE_STATUSES).filter(
         Q(last_attempt_at__lt=cutoff) | Q(last_attempt_at__isnull=True, first_seen_at__lt=cutoff)
     )
-    return stale.delete()[0]
+    return stale.update(status=IncidentRow.Status.SKIPPED, reason=EXPIRED, updated_at=timezone.now())
+
+
+def _budget(record: Incident | None, *, now_ms: int) -> Incident | None:
+    """The record as a budget: a completed incident or one untouched past its TTL counts as none."""
+    if record is None or record.status == IncidentRow.Status.COMPLETED or is_stale(record, now_ms=now_ms):
+        return None
+    return record
 
 
 def incident_begin(
@@ -66,8 +87,9 @@ def incident_begin(
             .values_list("progress", flat=True)
             .get(pk=conversation_id)
         )
-        incidents_sweep(conversation_id=conversation_id, now_ms=now_ms)
-        existing = incident_get(conversation_id=conversation_id, incident_id=incident_id)
+        incidents_expire(conversation_id=conversation_id, now_ms=now_ms)
+        stored = incident_get(conversation_id=conversation_id, incident_id=incident_id)
+        existing = _budget(stored, now_ms=now_ms)
         evaluation = evaluate_incident(
             existing=existing,
             incident_id=incident_id,
@@ -86,7 +108,8 @@ def incident_begin(
 def incident_set_status(
     *, conversation_id: int, incident_id: str, status: str, reason: str | None = None
 ) -> Incident | None:
-    """Move an incident to a status; `completed` deletes the record. None when there is no record."""
+    """Move an incident to a status (the record is kept, closed ones too, until its retention ends);
+    None when there is no record."""
     with transaction.atomic():
         row = (
             IncidentRow.objects.select_for_update()
@@ -95,12 +118,17 @@ def incident_set_status(
         )
         if row is None:
             return None
-        record = _to_record(row)
-        if status == IncidentRow.Status.COMPLETED:
-            row.delete()
-            return dataclasses.replace(record, status=status)
         row.status = status
         if reason is not None:
             row.reason = reason
         row.save(update_fields=["status", "reason", "updated_at"])
         return _to_record(row)
+
+
+def incident_mark_running(*, conversation_id: int, incident_id: str) -> bool:
+    """The recovery's turn is started: a live incident now reads "running" (call it in the transaction
+    that creates the turn, so its end can never be overwritten). False when there was no live record."""
+    live = IncidentRow.objects.filter(
+        conversation_id=conversation_id, incident_id=incident_id, status__in=LIVE_STATUSES
+    )
+    return live.update(status=IncidentRow.Status.RUNNING, updated_at=timezone.now()) > 0

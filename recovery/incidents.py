@@ -17,7 +17,8 @@ from typing import Any
 DEFAULT_TERMINAL_MESSAGE = "The assistant was interrupted and could not recover. Please try again."
 # Wake detections closer together than this are one storm and spend no attempt.
 INCIDENT_DEBOUNCE_MS = 30_000
-# Incidents untouched for longer than this are swept before every evaluation.
+# An incident untouched for longer than this is a spent budget: the next detection opens a fresh one
+# (and a live one is closed as expired). The record itself stays, as audit, until its retention ends.
 INCIDENT_TTL_MS = 3_600_000
 # Delay of the non-idempotent reschedule after a stable timeout (and after an OOM below budget).
 STABLE_RETRY_DELAY_S = 3
@@ -31,9 +32,10 @@ RETRY_AFTER_MAX_S = 60.0
 
 RECOVERY_KINDS = frozenset({"retry", "continue"})
 INCIDENT_STATUSES = frozenset(
-    {"detected", "scheduled", "attempting", "completed", "skipped", "exhausted", "failed"}
+    {"detected", "scheduled", "attempting", "running", "completed", "skipped", "exhausted", "failed"}
 )
-LIVE_STATUSES = frozenset({"detected", "scheduled", "attempting"})
+# "running": the continuation (or retry) the recovery started is queued or streaming.
+LIVE_STATUSES = frozenset({"detected", "scheduled", "attempting", "running"})
 
 OUT_OF_MEMORY = "out_of_memory"
 WORK_BUDGET_EXCEEDED = "work_budget_exceeded"

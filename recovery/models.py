@@ -146,6 +146,7 @@ class Incident(models.Model):
         DETECTED = "detected"
         SCHEDULED = "scheduled"
         ATTEMPTING = "attempting"
+        RUNNING = "running"  # the recovery's continuation or retry is queued or streaming
         COMPLETED = "completed"
         SKIPPED = "skipped"
         EXHAUSTED = "exhausted"

@@ -18,25 +18,24 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from . import tasks
 from .exceptions import OperationRefused
 from .fibers import fibers_take_over
 from .models import Fiber, Incident
-from .retention import ABANDONED_RETENTION, streams_sweep
+from .retention import ABANDONED_RETENTION, incidents_sweep, streams_sweep
+from .retention import CLOSED_INCIDENTS as CLOSED_INCIDENTS
 from .targets import recovery_target
 
 logger = logging.getLogger(__name__)
 
 FORCED = "forced"
 FORCEABLE = [Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]
-OPEN_INCIDENTS = [Incident.Status.DETECTED, Incident.Status.SCHEDULED, Incident.Status.ATTEMPTING]
-CLOSED_INCIDENTS = [
-    Incident.Status.COMPLETED,
-    Incident.Status.SKIPPED,
-    Incident.Status.EXHAUSTED,
-    Incident.Status.FAILED,
+OPEN_INCIDENTS = [
+    Incident.Status.DETECTED,
+    Incident.Status.SCHEDULED,
+    Incident.Status.ATTEMPTING,
+    Incident.Status.RUNNING,
 ]
 
 
@@ -166,12 +165,7 @@ def incidents_prune(*, older_than_days: float = 7, dry_run: bool = False) -> int
     """Delete closed incidents (completed, skipped, exhausted, failed) untouched for more than N days."""
     if older_than_days < 0:
         raise ValueError("older_than_days must be zero or more")
-    closed = Incident.objects.filter(
-        status__in=CLOSED_INCIDENTS, updated_at__lt=timezone.now() - timedelta(days=older_than_days)
-    )
-    if dry_run:
-        return closed.count()
-    return closed.delete()[1].get(Incident._meta.label, 0)
+    return incidents_sweep(older_than=timedelta(days=older_than_days), dry_run=dry_run)
 
 
 def incidents_report(*, statuses: Sequence[str]) -> list[dict[str, Any]]:

@@ -1,8 +1,12 @@
-"""Retention of stream buffers: replayable for a while after they end, then swept.
+"""Retention of stream buffers and closed incidents.
 
 A finished stream stays 10 minutes, so a client that reconnects just after the end still gets its
 replay; a stream left `streaming` with no live or recovering turn is abandoned and goes after an hour.
 Messages are never touched: the transcript does not depend on the buffers.
+
+A closed incident (completed, skipped, exhausted, failed) is the audit trail of a recovery: it stays
+THINK["INCIDENT_RETENTION_DAYS"] days after its last change (30 by default; None keeps it). Live ones
+never go here.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from datetime import timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .models import Fiber, Stream
+from .conf import setting
+from .models import Fiber, Incident, Stream
 
 COMPLETED_RETENTION = timedelta(minutes=10)
 ABANDONED_RETENTION = timedelta(hours=1)
@@ -43,3 +48,30 @@ def streams_sweep(
         return expired.count()
     deleted, per_model = expired.delete()
     return per_model.get(Stream._meta.label, 0)
+
+
+CLOSED_INCIDENTS = [
+    Incident.Status.COMPLETED,
+    Incident.Status.SKIPPED,
+    Incident.Status.EXHAUSTED,
+    Incident.Status.FAILED,
+]
+
+
+def incidents_expired(*, older_than: timedelta) -> QuerySet[Incident]:
+    """Closed incidents whose last change is more than `older_than` ago."""
+    return Incident.objects.filter(status__in=CLOSED_INCIDENTS, updated_at__lt=timezone.now() - older_than)
+
+
+def incidents_sweep(*, older_than: timedelta | None = None, dry_run: bool = False) -> int:
+    """Delete closed incidents past their retention (by default THINK["INCIDENT_RETENTION_DAYS"]; nothing
+    when that is None); how many went (or would go)."""
+    if older_than is None:
+        days = setting("INCIDENT_RETENTION_DAYS")
+        if days is None:
+            return 0
+        older_than = timedelta(days=days)
+    expired = incidents_expired(older_than=older_than)
+    if dry_run:
+        return expired.count()
+    return expired.delete()[1].get(Incident._meta.label, 0)

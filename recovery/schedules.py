@@ -14,7 +14,8 @@ def recovery_tick_seconds() -> float:
 
 def beat_schedule(tick_seconds: float = DEFAULTS["RECOVERY_TICK_S"]) -> dict[str, Any]:
     """The recovery tick, every `tick_seconds` (pass THINK["RECOVERY_TICK_S"] when you set it: settings
-    are not readable while they load), and the stream buffer sweep every minute; missed runs expire."""
+    are not readable while they load), the stream buffer sweep every minute and the closed incidents'
+    retention sweep every hour; missed runs expire."""
     seconds = float(tick_seconds)
     return {
         "think-recovery-tick": {
@@ -23,4 +24,9 @@ def beat_schedule(tick_seconds: float = DEFAULTS["RECOVERY_TICK_S"]) -> dict[str
             "options": {"expires": max(seconds * 0.9, 0.5)},
         },
         "think-streams-sweep": {"task": "think.streams_sweep", "schedule": 60.0, "options": {"expires": 50}},
+        "think-incidents-sweep": {
+            "task": "think.incidents_sweep",
+            "schedule": 3600.0,
+            "options": {"expires": 3000},
+        },
     }

@@ -74,6 +74,14 @@ def streams_sweep() -> int:
     return sweep()
 
 
+@shared_task(name="think.incidents_sweep", ignore_result=True)
+def incidents_sweep() -> int:
+    """Delete closed incidents past THINK["INCIDENT_RETENTION_DAYS"] (see recovery.retention)."""
+    from .retention import incidents_sweep as sweep
+
+    return sweep()
+
+
 @worker_ready.connect
 def start_liveness(sender: object = None, **kwargs: object) -> None:
     """The process that runs the turns holds a liveness session (recovery.liveness): the worker

@@ -113,3 +113,22 @@ def recovery_stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator
     stack.start_beat()
     yield stack
     stack.stop()
+
+
+@pytest.fixture
+def quiet_broker(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """What would reach the broker (alarms fired at once, turns sent) is recorded instead, so a test runs
+    it in-process itself (tests/inprocess.py)."""
+    import chat.transcript.turns
+    import recovery.tasks
+
+    sent: dict[str, list[Any]] = {"alarms": [], "turns": []}
+
+    class FireAlarm:
+        @staticmethod
+        def delay(alarm_id: Any) -> None:
+            sent["alarms"].append(alarm_id)
+
+    monkeypatch.setattr(recovery.tasks, "fire_alarm", FireAlarm)
+    monkeypatch.setattr(chat.transcript.turns, "turn_send", sent["turns"].append)
+    return sent

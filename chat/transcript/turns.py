@@ -19,6 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery.fibers import conversation_busy, fiber_create, fibers_supersede_pending, next_pending_fiber
+from recovery.incident_store import incident_mark_running
 from recovery.models import Fiber, FiberQuerySet
 
 from ..conf import frame_limits, think_setting
@@ -274,6 +275,9 @@ def turn_start_followup(
     stored = snapshot.envelope(cursor=reattach)
     fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=stored)
     conversation_id = conversation.pk
+    if incident_id:
+        # In this transaction, so the turn's own end (completed, failed) can never be overwritten by it.
+        incident_mark_running(conversation_id=conversation_id, incident_id=incident_id)
     transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return TurnStart(request_id, "accepted", fiber.pk)
 

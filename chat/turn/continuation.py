@@ -170,7 +170,7 @@ async def retry_alarm(conversation: Conversation, data: dict[str, Any]) -> None:
 
 
 async def settle_recovered_turn(*, conversation: Conversation, incident_id: str, outcome: str) -> None:
-    """A turn started by recovery finished: the incident is completed (record deleted) or failed."""
+    """A turn started by recovery finished: its incident is completed (and kept, as audit) or failed."""
     data = {"incidentId": incident_id}
     callback = _Callback(conversation, data, CONTINUE_CALLBACK)
     stored = await callback.incident()

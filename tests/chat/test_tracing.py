@@ -8,11 +8,8 @@ takeover of its lapsed lease, the engine, the continue alarm, and the continuati
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import json
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +17,6 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import transaction
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -32,15 +28,13 @@ import recovery.tasks
 import recovery.tracing
 from chat.agents import open_agent
 from chat.transcript.snapshot import FiberSnapshot
-from chat.transcript.turns import turn_start_programmatic
 from chat.turn.interrupted import CONTINUE_CALLBACK
 from chat.turn.runner import TurnRunner, turn_run
 from recovery.alarms import fire_alarm
 from recovery.engine import recover_fiber
-from recovery.fibers import TRACE_SLOT, fibers_take_expired
-from recovery.models import Alarm, Fiber, Stream
-from recovery.runtime import db
-from recovery.stream import stream_chunks
+from recovery.fibers import TRACE_SLOT
+from recovery.models import Alarm, Fiber
+from tests.inprocess import interrupted_turn
 from tests.support import TEST_PRINCIPAL
 
 # in_process_model: its stack_environment ends, with the run, the connections the turns' DB threads leave
@@ -192,50 +186,6 @@ class Recovered:
     recovering: Fiber
     alarm_payload: dict[str, Any]
     runner: TurnRunner
-
-
-def take_expired() -> list[Any]:
-    with transaction.atomic():
-        return [fiber_id for fiber_id, _ in fibers_take_expired(10)]
-
-
-async def stored_text(fiber_id: Any) -> str:
-    stream = await Stream.objects.filter(fiber_id=fiber_id).afirst()
-    chunks = [json.loads(body) for _, body in await db(stream_chunks, stream.pk)] if stream else []
-    return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
-
-
-async def interrupted_turn(agent: Any, prompt: str) -> Fiber:
-    """A turn stopped mid-answer by its worker's shutdown, its lapsed lease taken by the tick."""
-    started = await db(
-        turn_start_programmatic, conversation_id=agent.conversation_id, messages=[prompt], enqueue=False
-    )
-    fiber = await Fiber.objects.aget(conversation_id=agent.conversation_id, request_id=started.request_id)
-    running = asyncio.ensure_future(turn_run(str(fiber.pk)))
-    deadline = time.monotonic() + 15
-    while await stored_text(fiber.pk) != "1 2 3":
-        assert time.monotonic() < deadline, "the turn stored its first three numbers"
-        await asyncio.sleep(0.05)
-    running.cancel()  # the worker stops: the turn stores what it has and lets its lease lapse
-    with pytest.raises(asyncio.CancelledError):
-        await running
-    assert await db(take_expired) == [fiber.pk]
-    return fiber
-
-
-@pytest.fixture
-def quiet_broker(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    """What would reach the broker is recorded instead: this test runs it in-process."""
-    sent: dict[str, list[Any]] = {"alarms": [], "turns": []}
-
-    class FireAlarm:
-        @staticmethod
-        def delay(alarm_id: Any) -> None:
-            sent["alarms"].append(alarm_id)
-
-    monkeypatch.setattr(recovery.tasks, "fire_alarm", FireAlarm)
-    monkeypatch.setattr(chat.transcript.turns, "turn_send", sent["turns"].append)
-    return sent
 
 
 async def recover(agent: Any, sent: dict[str, list[Any]]) -> Recovered:

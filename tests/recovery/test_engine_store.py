@@ -70,9 +70,10 @@ from recovery.fibers import (
 from recovery.incident_store import (
     incident_begin,
     incident_get,
+    incident_mark_running,
     incident_save,
     incident_set_status,
-    incidents_sweep,
+    incidents_expire,
 )
 from recovery.incidents import (
     DEFAULT_TERMINAL_MESSAGE,
@@ -377,7 +378,7 @@ def test_incident_begin_spends_an_attempt_outside_the_debounce_window() -> None:
 
 
 @pytest.mark.django_db
-def test_incident_begin_sweeps_stale_incidents_before_reading_so_a_stale_record_is_not_reused() -> None:
+def test_incident_begin_opens_a_fresh_budget_over_a_stale_record_and_closes_other_stale_live_ones() -> None:
     conversation, other = make_conversation(), make_conversation()
     stale_at = T0 - INCIDENT_TTL_MS - 1
     stale = incident_record(attempt=3, first_seen_at=stale_at, last_attempt_at=stale_at)
@@ -389,28 +390,52 @@ def test_incident_begin_sweeps_stale_incidents_before_reading_so_a_stale_record_
 
     assert evaluation.opened
     assert (evaluation.incident.attempt, evaluation.incident.first_seen_at) == (1, T0)
-    assert list(
-        IncidentRow.objects.filter(conversation=conversation).values_list("incident_id", "attempt")
-    ) == [("req-1:u-1", 1)]
-    # The sweep is per conversation: another conversation's stale record waits for its own evaluation.
-    assert IncidentRow.objects.filter(conversation=other).count() == 1
+    # The records stay (audit trail): the stale budget is replaced, the other stale live one is closed.
+    assert sorted(
+        IncidentRow.objects.filter(conversation=conversation).values_list(
+            "incident_id", "attempt", "status", "reason"
+        )
+    ) == [("old:", 3, "skipped", "expired"), ("req-1:u-1", 1, "attempting", "")]
+    # Per conversation: another conversation's stale record waits for its own evaluation.
+    assert IncidentRow.objects.get(conversation=other).status == "scheduled"
 
 
 @pytest.mark.django_db
-def test_incidents_sweep_deletes_only_records_inactive_for_more_than_an_hour() -> None:
+def test_incidents_expire_closes_only_live_records_inactive_for_more_than_an_hour() -> None:
     conversation = make_conversation()
-    for incident_id, last in (
-        ("stale", T0 - INCIDENT_TTL_MS - 1),
-        ("edge", T0 - INCIDENT_TTL_MS),
-        ("fresh", T0),
+    for incident_id, last, status in (
+        ("stale", T0 - INCIDENT_TTL_MS - 1, "scheduled"),
+        ("stale-running", T0 - INCIDENT_TTL_MS - 1, "running"),
+        ("stale-closed", T0 - INCIDENT_TTL_MS - 1, "exhausted"),
+        ("edge", T0 - INCIDENT_TTL_MS, "scheduled"),
+        ("fresh", T0, "attempting"),
     ):
         incident_save(
             conversation_id=conversation.pk,
-            incident=incident_record(incident_id=incident_id, first_seen_at=last, last_attempt_at=last),
+            incident=incident_record(
+                incident_id=incident_id, first_seen_at=last, last_attempt_at=last, status=status
+            ),
         )
 
-    assert incidents_sweep(conversation_id=conversation.pk, now_ms=T0) == 1
-    assert set(IncidentRow.objects.values_list("incident_id", flat=True)) == {"edge", "fresh"}
+    assert incidents_expire(conversation_id=conversation.pk, now_ms=T0) == 2
+    assert dict(IncidentRow.objects.values_list("incident_id", "status")) == {
+        "stale": "skipped",
+        "stale-running": "skipped",
+        "stale-closed": "exhausted",
+        "edge": "scheduled",
+        "fresh": "attempting",
+    }
+
+
+@pytest.mark.django_db
+def test_incident_begin_after_a_completed_incident_of_the_same_id_opens_a_fresh_budget() -> None:
+    conversation = make_conversation()
+    incident_save(conversation_id=conversation.pk, incident=incident_record(attempt=4, status="completed"))
+
+    evaluation = begin(conversation, now_ms=T0 + INCIDENT_DEBOUNCE_MS + 1)
+
+    assert evaluation.opened and evaluation.incident.attempt == 1
+    assert IncidentRow.objects.get(conversation=conversation).status == "attempting"
 
 
 @pytest.mark.django_db
@@ -455,14 +480,35 @@ def test_incident_begin_persists_an_exhausted_record_past_max_attempts() -> None
 
 
 @pytest.mark.django_db
-def test_incident_set_status_completed_deletes_the_record_and_returns_it_completed() -> None:
+def test_incident_set_status_completed_keeps_the_record_as_audit_and_returns_it_completed() -> None:
     conversation = make_conversation()
     incident_save(conversation_id=conversation.pk, incident=incident_record(attempt=2))
 
     record = incident_set_status(conversation_id=conversation.pk, incident_id="req-1:u-1", status="completed")
 
     assert record == incident_record(attempt=2, status="completed")
-    assert not IncidentRow.objects.filter(conversation=conversation).exists()
+    row = IncidentRow.objects.get(conversation=conversation)
+    assert (row.status, row.attempt) == ("completed", 2)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("status", "running"),
+    [
+        ("detected", True),
+        ("scheduled", True),
+        ("attempting", True),
+        ("completed", False),
+        ("exhausted", False),
+    ],
+)
+def test_incident_mark_running_moves_only_a_live_incident(status: str, running: bool) -> None:
+    conversation = make_conversation()
+    incident_save(conversation_id=conversation.pk, incident=incident_record(status=status))
+
+    assert incident_mark_running(conversation_id=conversation.pk, incident_id="req-1:u-1") is running
+
+    assert IncidentRow.objects.get(conversation=conversation).status == ("running" if running else status)
 
 
 @pytest.mark.django_db

@@ -114,7 +114,7 @@ def test_hard_coded_constants_match_the_reference() -> None:
     assert INCIDENT_TTL_MS == 3_600_000
     assert STABLE_RETRY_DELAY_S == 3
     assert RECOVERING_FLAG_TTL_MS == 900_000
-    assert LIVE_STATUSES == {"detected", "scheduled", "attempting"}
+    assert LIVE_STATUSES == {"detected", "scheduled", "attempting", "running"}
     assert EXHAUSTION_REASONS == (
         "out_of_memory",
         "work_budget_exceeded",

@@ -1,17 +1,21 @@
-"""Stream buffer retention sweeps, and orphaned streams finalised on a resume ACK."""
+"""Retention sweeps of stream buffers and closed incidents, and orphaned streams finalised on a resume ACK."""
 
 from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from celery import current_app
 from django.utils import timezone
 
 from chat.models import Conversation, Message
 from chat.wire.resume import ack_replay
-from recovery.models import Fiber, Segment, Stream
-from recovery.retention import streams_sweep
+from recovery.checks import check_recovery_settings
+from recovery.models import Fiber, Incident, Segment, Stream
+from recovery.retention import incidents_sweep, streams_sweep
+from recovery.schedules import beat_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -91,3 +95,61 @@ def test_a_stream_whose_turn_still_runs_is_replayed_live(conversation: Conversat
     replay = ack_replay(conversation_id=conversation.pk, request_id="r2")
     last = json.loads(replay.read_all()[-1])
     assert last["replayComplete"] is True and last["done"] is False and replay.messages is None
+
+
+# -- closed incidents: the audit trail, kept for THINK["INCIDENT_RETENTION_DAYS"] ----------------------------
+def incident(conversation: Conversation, incident_id: str, status: str, *, age: timedelta) -> None:
+    row = Incident.objects.create(
+        conversation=conversation,
+        incident_id=incident_id,
+        request_id=incident_id,
+        recovery_root_request_id=incident_id,
+        recovery_kind="continue",
+        max_attempts=10,
+        status=status,
+        first_seen_at=0,
+        last_attempt_at=0,
+    )
+    Incident.objects.filter(pk=row.pk).update(updated_at=timezone.now() - age)
+
+
+def test_closed_incidents_stay_for_their_retention_and_live_ones_always(
+    conversation: Conversation, settings: Any
+) -> None:
+    settings.THINK = {"INCIDENT_RETENTION_DAYS": 30}
+    for status in ("completed", "skipped", "exhausted", "failed"):
+        incident(conversation, f"old-{status}", status, age=timedelta(days=31))
+        incident(conversation, f"recent-{status}", status, age=timedelta(days=29))
+    for status in ("detected", "scheduled", "attempting", "running"):
+        incident(conversation, f"live-{status}", status, age=timedelta(days=400))
+
+    assert incidents_sweep(dry_run=True) == 4
+    assert incidents_sweep() == 4
+
+    kept = set(Incident.objects.values_list("incident_id", flat=True))
+    assert kept == {f"recent-{s}" for s in ("completed", "skipped", "exhausted", "failed")} | {
+        f"live-{s}" for s in ("detected", "scheduled", "attempting", "running")
+    }
+
+
+def test_no_retention_keeps_every_incident(conversation: Conversation, settings: Any) -> None:
+    settings.THINK = {"INCIDENT_RETENTION_DAYS": None}
+    incident(conversation, "ancient", "completed", age=timedelta(days=3650))
+    assert incidents_sweep() == 0
+    assert Incident.objects.count() == 1
+
+
+def test_the_hourly_beat_entry_runs_the_incident_sweep(conversation: Conversation, settings: Any) -> None:
+    settings.THINK = {"INCIDENT_RETENTION_DAYS": 1}
+    incident(conversation, "old", "completed", age=timedelta(days=2))
+    entry = beat_schedule()["think-incidents-sweep"]
+    assert entry["schedule"] == 3600.0
+    assert current_app.tasks[entry["task"]]() == 1
+    assert not Incident.objects.exists()
+
+
+@pytest.mark.parametrize("value", [0, -1, "30", True])
+def test_a_bad_retention_is_a_system_check_error(settings: Any, value: Any) -> None:
+    settings.THINK = {"INCIDENT_RETENTION_DAYS": value}
+    [error] = check_recovery_settings()
+    assert error.id == "think_recovery.E001" and "INCIDENT_RETENTION_DAYS" in error.msg

@@ -1,0 +1,51 @@
+"""A turn interrupted and recovered in the test process, through the real path: the turn stopped
+mid-stream as a worker shutdown stops it, the tick's takeover of its lapsed lease, then (the caller's)
+engine, alarm and continuation. Used with the `quiet_broker` fixture (tests/conftest.py), which records
+what would reach the broker so the test runs it itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from chat.transcript.turns import turn_start_programmatic
+from chat.turn.runner import turn_run
+from recovery.fibers import fibers_take_expired
+from recovery.models import Fiber, Stream
+from recovery.runtime import db
+from recovery.stream import stream_chunks
+
+
+def take_expired() -> list[Any]:
+    with transaction.atomic():
+        return [fiber_id for fiber_id, _ in fibers_take_expired(10)]
+
+
+async def stored_text(fiber_id: Any) -> str:
+    stream = await Stream.objects.filter(fiber_id=fiber_id).afirst()
+    chunks = [json.loads(body) for _, body in await db(stream_chunks, stream.pk)] if stream else []
+    return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+
+
+async def interrupted_turn(agent: Any, prompt: str) -> Fiber:
+    """A turn stopped mid-answer by its worker's shutdown, its lapsed lease taken by the tick. The prompt
+    must make the scripted model answer "1 2 3" and more."""
+    started = await db(
+        turn_start_programmatic, conversation_id=agent.conversation_id, messages=[prompt], enqueue=False
+    )
+    fiber = await Fiber.objects.aget(conversation_id=agent.conversation_id, request_id=started.request_id)
+    running = asyncio.ensure_future(turn_run(str(fiber.pk)))
+    deadline = time.monotonic() + 15
+    while await stored_text(fiber.pk) != "1 2 3":
+        assert time.monotonic() < deadline, "the turn stored its first three numbers"
+        await asyncio.sleep(0.05)
+    running.cancel()  # the worker stops: the turn stores what it has and lets its lease lapse
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert await db(take_expired) == [fiber.pk]
+    return fiber
