@@ -111,6 +111,10 @@ class SegmentEntry:
 # running) is simply not in the result, and nothing of it is written; the others are. A requested
 # cancel refuses the fiber's segments in the same statement: once the cancel has committed, no chunk
 # of the turn is stored (and so none is sent), however late its worker hears of it.
+# Locks go conversation first, then fiber, as everywhere else (a clear, a turn's finish): `owners` locks
+# the conversations that get credit, in id order, and the lease update waits for all of them (the
+# uncorrelated count is a one-time filter, evaluated before the update locks any fiber row). Locking
+# the fiber first deadlocked with a clear of its conversation (tests/recovery/test_lock_order.py).
 _GROUP_SQL = """
 WITH input AS (
     SELECT * FROM unnest(
@@ -120,12 +124,20 @@ WITH input AS (
 ), per_fiber AS (
     SELECT DISTINCT ON (fiber_id) fiber_id, fencing, reattach
     FROM input ORDER BY fiber_id, seq_end DESC NULLS LAST
+), owners AS (
+    SELECT c.id FROM {conversation} AS c
+    WHERE c.id IN (
+        SELECT f.conversation_id FROM {fiber} AS f JOIN input AS i ON i.fiber_id = f.id WHERE i.credit > 0
+    )
+    ORDER BY c.id
+    FOR UPDATE OF c
 ), lease AS (
     UPDATE {fiber} AS f SET lease_expires_at = now() + %(ttl)s, heartbeat_at = now(),
         snapshot = CASE WHEN p.reattach IS NULL OR f.cancel_requested THEN f.snapshot
             ELSE jsonb_set(COALESCE(f.snapshot, '{{}}'::jsonb), %(cursor_path)s::text[], p.reattach) END
     FROM per_fiber AS p
     WHERE f.id = p.fiber_id AND f.fencing = p.fencing AND f.status = 'running'
+        AND (SELECT count(*) FROM owners) >= 0
     RETURNING f.id, f.conversation_id, f.cancel_requested
 ), credit AS (
     SELECT l.conversation_id, sum(i.credit) AS credit
