@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, register
+from django.core.checks import Warning as CheckWarning
 from django.utils.module_loading import import_string
 
 from recovery.incidents import ChatRecovery
@@ -36,6 +37,7 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         *_check_agents(),
         *_check_numbers(),
         *_check_limits(),
+        *_check_window(),
         *_check_principal_limits(),
         *_check_access(),
     ]
@@ -130,6 +132,38 @@ def _check_numbers() -> list[CheckMessage]:
         for key in POSITIVE_NUMBERS
         if not _positive_number(value := think_setting(key))
     ]
+
+
+# daphne's websocket_max_message_size is 1 MiB: autobahn refuses to send a longer message, and daphne
+# closes the socket with 1011. A window must leave room for the frame around it.
+WINDOW_CEILING = 900_000
+
+
+def _check_window() -> list[CheckMessage]:
+    window = think_setting("TRANSCRIPT_WINDOW_BYTES")
+    if not (isinstance(window, int) and not isinstance(window, bool) and 0 < window <= WINDOW_CEILING):
+        return [
+            Error(
+                f"THINK['TRANSCRIPT_WINDOW_BYTES'] must be an integer from 1 to {WINDOW_CEILING},"
+                f" got {window!r}.",
+                hint="The transcript clients are sent must stay under daphne's 1 MiB WebSocket message "
+                "limit (docs/protocol.md, Long conversations).",
+                id="think_chat.E025",
+            )
+        ]
+    frame, message = think_setting("MAX_FRAME_BYTES"), think_setting("MAX_MESSAGE_BYTES")
+    valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (frame, message))
+    if valid and 2 * window + message > frame:  # (bad limits are E007's)
+        return [
+            CheckWarning(
+                f"THINK['TRANSCRIPT_WINDOW_BYTES'] ({window}) is too large for MAX_FRAME_BYTES ({frame}): a "
+                "client echoing the window in a chat request (JSON in a JSON string: up to twice its size) "
+                f"plus a new message of MAX_MESSAGE_BYTES ({message}) would be refused.",
+                hint="Keep 2 * TRANSCRIPT_WINDOW_BYTES + MAX_MESSAGE_BYTES <= MAX_FRAME_BYTES.",
+                id="think_chat.W025",
+            )
+        ]
+    return []
 
 
 def _check_limits() -> list[CheckMessage]:

@@ -35,10 +35,15 @@ DEFAULTS: dict[str, Any] = {
     # Longest conversation name the consumer accepts.
     "MAX_NAME_LENGTH": 200,
     # Limits on client input (chat.wire.limits); anything beyond one is refused and nothing is stored.
-    "MAX_FRAME_BYTES": 1_000_000,  # one WebSocket frame (a chat request carries the whole transcript)
+    "MAX_FRAME_BYTES": 1_000_000,  # one WebSocket frame (a chat request carries the client's transcript)
     "MAX_MESSAGE_BYTES": 256_000,  # the JSON of one new UIMessage in a chat request
     "MAX_MESSAGE_PARTS": 200,  # parts of one new UIMessage
     "MAX_TOOL_OUTPUT_BYTES": 256_000,  # the JSON of one cf_agent_tool_result output
+    # The transcript clients are sent (on connect, after each turn, get-messages): the newest messages
+    # whose JSON fits in this many bytes; older ones page back (chat.transcript.window). Well under
+    # daphne's 1 MiB message limit, and small enough that a client echoing it in a chat request stays
+    # under MAX_FRAME_BYTES.
+    "TRANSCRIPT_WINDOW_BYTES": 256_000,
     "MAX_QUEUED_TURNS": 10,  # turns waiting behind a busy one, per conversation ("queue" policy)
     "MAX_FRAMES_PER_S": 20.0,  # frames per connection per second, after a burst of ...
     "MAX_FRAME_BURST": 100,

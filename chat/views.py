@@ -10,12 +10,15 @@ from django.views.decorators.http import require_GET
 from .access import Credentials, access_policy, conversation_read
 from .agents import agent_class, agent_names, conversation_name_problem, kebab
 from .exceptions import AccessDenied, UnknownAgent
-from .transcript.selectors import messages_list
+from .transcript.window import MAX_PAGE_MESSAGES, Window, transcript_window
 
 
 @require_GET
 def get_messages(request: HttpRequest, agent: str, name: str) -> HttpResponse:
-    """The transcript as a bare JSON array of UIMessages (empty for a conversation never used).
+    """The transcript's window as a bare JSON array of UIMessages (empty for a conversation never used):
+    its newest messages within THINK["TRANSCRIPT_WINDOW_BYTES"]; `?before=<message id>` pages back from a
+    message, `&limit=N` (at most 1000) caps the count. The header `Think-Earlier: true` says older
+    messages exist than the first (chat.transcript.window).
 
     Only for whoever may open the conversation (chat.access); anyone else gets 403 and no content.
     """
@@ -31,8 +34,21 @@ def get_messages(request: HttpRequest, agent: str, name: str) -> HttpResponse:
         conversation = conversation_read(agent=agent, name=name, credentials=credentials)
     except AccessDenied as exc:
         return JsonResponse({"error": str(exc)}, status=403)
-    messages = messages_list(conversation_id=conversation.pk) if conversation is not None else []
-    return JsonResponse(messages, safe=False)
+    limit = request.GET.get("limit")
+    if limit is not None and not (limit.isdigit() and 0 < int(limit) <= MAX_PAGE_MESSAGES):
+        return JsonResponse({"error": f"limit must be an integer from 1 to {MAX_PAGE_MESSAGES}"}, status=400)
+    window = (
+        transcript_window(
+            conversation_id=conversation.pk,
+            before=request.GET.get("before") or None,
+            limit=int(limit) if limit is not None else None,
+        )
+        if conversation is not None
+        else Window([], False)
+    )
+    response = JsonResponse(window.messages, safe=False)
+    response["Think-Earlier"] = "true" if window.earlier else "false"
+    return response
 
 
 @require_GET

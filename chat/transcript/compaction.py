@@ -110,7 +110,7 @@ class Session:
         return await db(compaction_store, conversation_id=conversation_id, result=result)
 
 
-def _real_range(conversation_id: int, message_id: str, end: str) -> str | None:
+def real_message_id(conversation_id: int, message_id: str, end: str) -> str | None:
     """A message id of the raw transcript; a summary's id stands for the edge of the range it covers."""
     if message_id.startswith(COMPACTION_PREFIX):
         overlay = Compaction.objects.filter(
@@ -127,8 +127,8 @@ def compaction_store(*, conversation_id: int, result: CompactionResult) -> Compa
     """Store an overlay; overlays it covers (or extends) are replaced by it. None if the range is unknown."""
     with transaction.atomic():
         Conversation.objects.select_for_update().get(pk=conversation_id)
-        start = _real_range(conversation_id, result.from_message_id, "from")
-        end = _real_range(conversation_id, result.to_message_id, "to")
+        start = real_message_id(conversation_id, result.from_message_id, "from")
+        end = real_message_id(conversation_id, result.to_message_id, "to")
         if start is None or end is None:
             return None
         positions = dict(

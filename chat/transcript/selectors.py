@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
@@ -21,46 +22,70 @@ def conversation_get(*, agent: str, name: str) -> Conversation | None:
 
 
 _MESSAGES = (
-    "SELECT message_id, role, parts, metadata FROM {message} WHERE conversation_id = %s ORDER BY position"
+    "SELECT message_id, role, parts, metadata, position FROM {message} WHERE conversation_id = %s{outside}"
+    " ORDER BY position"
 )
-_COMPACTIONS = (
-    "SELECT compaction_id, from_message_id, to_message_id, summary FROM {compaction}"
-    " WHERE conversation_id = %s ORDER BY created_at"
+_SPANS = (
+    "SELECT c.compaction_id, c.summary, f.position, t.position FROM {compaction} c"
+    " JOIN {message} f ON f.conversation_id = c.conversation_id AND f.message_id = c.from_message_id"
+    " JOIN {message} t ON t.conversation_id = c.conversation_id AND t.message_id = c.to_message_id"
+    " WHERE c.conversation_id = %s ORDER BY c.created_at"
 )
+
+
+@dataclass(frozen=True)
+class Span:
+    """A compacted range of message positions and the summary shown in its place."""
+
+    low: int
+    high: int
+    summary: dict[str, Any]
+
+
+def compacted_spans(conversation_id: int) -> list[Span]:
+    """The conversation's compaction overlays as position ranges, in order; an overlay that overlaps an
+    earlier one (superseded) or is malformed is ignored, and its messages stay visible."""
+    tables = {"compaction": Compaction._meta.db_table, "message": Message._meta.db_table}
+    with connection.cursor() as cursor:
+        cursor.execute(_SPANS.format(**tables), [conversation_id])
+        found = cursor.fetchall()
+    spans: list[Span] = []
+    reached = 0
+    for low, high, _, compaction in sorted(
+        (low, high, order, Compaction(compaction_id=c, summary=s))
+        for order, (c, s, low, high) in enumerate(found)
+    ):
+        if low < reached or high < low:
+            continue
+        spans.append(Span(low, high, compaction.as_ui_message()))
+        reached = high + 1
+    return spans
 
 
 def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, Any]]:
     """The transcript as UIMessages, in order; compacted ranges show as their summary unless `raw`.
 
-    Read with plain statements: every turn reads its transcript at least twice.
+    Read with plain statements: every turn reads its transcript at least once. The messages a summary
+    stands for are not read at all: after a compaction a turn loads the summary and what follows.
     """
+    spans = [] if raw else compacted_spans(conversation_id)
+    outside = "".join(f" AND position NOT BETWEEN {s.low:d} AND {s.high:d}" for s in spans)
     with connection.cursor() as cursor:
-        cursor.execute(_MESSAGES.format(message=Message._meta.db_table), [conversation_id])
-        rows = [_ui_message(*row) for row in cursor.fetchall()]
-        if raw:
-            return rows
-        cursor.execute(_COMPACTIONS.format(compaction=Compaction._meta.db_table), [conversation_id])
-        overlays = [
-            Compaction(compaction_id=c, from_message_id=f, to_message_id=t, summary=text)
-            for c, f, t, text in cursor.fetchall()
-        ]
-    if not overlays:
-        return rows
-    index = {row["id"]: i for i, row in enumerate(rows)}
-    spans = sorted(
-        (index[o.from_message_id], index[o.to_message_id], o)
-        for o in overlays
-        if o.from_message_id in index and o.to_message_id in index
-    )
+        sql = _MESSAGES.format(message=Message._meta.db_table, outside=outside)
+        cursor.execute(sql, [conversation_id])
+        rows = cursor.fetchall()
     messages: list[dict[str, Any]] = []
-    cursor_at = 0
-    for start, end, overlay in spans:
-        if start < cursor_at or end < start:
-            continue  # superseded or malformed: the messages stay visible
-        messages += rows[cursor_at:start]
-        messages.append(overlay.as_ui_message())
-        cursor_at = end + 1
-    return messages + rows[cursor_at:]
+    pending = iter(spans)
+    span = next(pending, None)
+    for message_id, role, parts, metadata, position in rows:
+        while span is not None and span.low < position:  # each summary where its range was
+            messages.append(span.summary)
+            span = next(pending, None)
+        messages.append(_ui_message(message_id, role, parts, metadata))
+    while span is not None:
+        messages.append(span.summary)
+        span = next(pending, None)
+    return messages
 
 
 def _ui_message(message_id: str, role: str, parts: Any, metadata: Any) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def turn_refusal(
     or is over the limits, or the conversation's queue is full. Messages the server already has are
     echoes and not checked: the server wrote them itself (long answers, big tool outputs), and the
     stored ones stay as they are whatever the echo says. Call with the conversation locked."""
-    known = set(Message.objects.filter(conversation_id=conversation_id).values_list("message_id", flat=True))
+    known = set(_known_positions(conversation_id, request.messages))
     limits = frame_limits()
     for message in request.messages:
         if message["id"] in known or message["id"].startswith(COMPACTION_PREFIX):
@@ -179,16 +179,32 @@ def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: st
     New messages are appended in order. On regenerate, the client has dropped the last assistant
     message, so stored messages after the last incoming one that we know are removed.
     """
-    known = dict(
-        Message.objects.filter(conversation_id=conversation_id).values_list("message_id", "position")
-    )
+    known = _known_positions(conversation_id, incoming)
     if trigger == "regenerate-message":
-        anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=-1)
+        anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=None)
+        if anchor is None:  # it knows none of ours (a window of one cut message): re-answer the last user's
+            anchor = _last_user_position(conversation_id)
         Message.objects.filter(conversation_id=conversation_id, position__gt=anchor).delete()
     for message in incoming:
         # A compaction's summary message is a view, never stored (clients echo it back).
         if message["id"] not in known and not message["id"].startswith(COMPACTION_PREFIX):
             message_upsert(conversation_id=conversation_id, message=message)
+
+
+def _known_positions(conversation_id: int, incoming: list[dict[str, Any]]) -> dict[str, int]:
+    """The stored positions of the incoming messages the server has: a read the size of the request,
+    not of the history (a client may hold only the newest messages of a long conversation)."""
+    ids = [message["id"] for message in incoming]
+    rows = Message.objects.filter(conversation_id=conversation_id, message_id__in=ids)
+    return dict(rows.values_list("message_id", "position"))
+
+
+def _last_user_position(conversation_id: int) -> int:
+    last = Message.objects.filter(conversation_id=conversation_id, role=Message.Role.USER).order_by(
+        "-position"
+    )
+    position = last.values_list("position", flat=True).first()
+    return position if position is not None else -1
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ from ..transcript.selectors import conversation_get, messages_list, stream_parti
 from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
 from ..transcript.turns import RUN_TURN, turn_enqueue_pending
+from ..transcript.window import transcript_frame
 from ..wire import broadcast
-from ..wire.protocol import chat_messages_frame, recovering_frame, response_frame
+from ..wire.protocol import recovering_frame, response_frame
 from . import tracing
 
 CONTINUE_CALLBACK = "chat_recovery_continue"
@@ -311,7 +312,8 @@ async def close_orphan_stream(work: InterruptedTurn, *, outcome: str, error: str
     )
     await broadcast.publish_stream_end(work.conversation.pk, work.request_id, seq, frame)
     # After the end frame, as a turn's own finish does (chat.turn.runner): clients take it as the truth.
-    await broadcast.publish(work.conversation.pk, chat_messages_frame(work.messages))
+    transcript = await db(transcript_frame, conversation_id=work.conversation.pk)
+    await broadcast.publish(work.conversation.pk, transcript)
 
 
 class ChatTarget(RecoveryTarget):

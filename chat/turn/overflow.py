@@ -18,9 +18,8 @@ from typing import Any
 from recovery import diagnostics
 from recovery.runtime import db
 
-from ..transcript.selectors import messages_list
+from ..transcript.window import transcript_frame
 from ..wire import broadcast
-from ..wire.protocol import chat_messages_frame
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +159,5 @@ async def compact_for_overflow(
     diagnostics.emit("chat:context:compacted", payload, agent=agent.agent, name=agent.name)
     if shortened:  # clients see the summary in place of the compacted messages
         conversation_id = agent._require_conversation()
-        messages = await db(messages_list, conversation_id=conversation_id)
-        await broadcast.publish(conversation_id, chat_messages_frame(messages))
+        await broadcast.publish(conversation_id, await db(transcript_frame, conversation_id=conversation_id))
     return shortened

@@ -34,8 +34,9 @@ from ..transcript.repair import repair_transcript
 from ..transcript.selectors import messages_list, stream_partial
 from ..transcript.services import transcript_repair_save
 from ..transcript.snapshot import FiberSnapshot
+from ..transcript.window import transcript_frame
 from ..wire import broadcast
-from ..wire.protocol import chat_messages_frame, chunk_framer, response_frame
+from ..wire.protocol import chunk_framer, response_frame
 from . import errors, llm, tracing
 from .chunking import UI_CHUNK_POLICY
 from .continuation import settle_recovered_turn
@@ -386,7 +387,8 @@ class TurnRunner:
             messages=report.changed,
         )
         self._emit_event("chat:transcript:repaired", report.event())
-        await broadcast.publish(self.conversation_id, chat_messages_frame(report.messages))
+        transcript = await db(transcript_frame, conversation_id=self.conversation_id)
+        await broadcast.publish(self.conversation_id, transcript)
         return report.messages
 
     def _note_cursor(self, cursor: dict[str, Any]) -> None:
@@ -489,8 +491,8 @@ class TurnRunner:
         await broadcast.publish_stream_end(self.conversation_id, self.request_id, seq, done)
         # The stored transcript after the end frame: the published hook keeps its own copy of a
         # message it streams until that frame (even a stopped one), and takes the snapshot after it.
-        messages = await db(messages_list, conversation_id=self.conversation_id)
-        await broadcast.publish(self.conversation_id, chat_messages_frame(messages))
+        transcript = await db(transcript_frame, conversation_id=self.conversation_id)
+        await broadcast.publish(self.conversation_id, transcript)
         logger.info("turn %s (%s chunks)", wire_outcome, seq, extra=self.log_extra)
 
     async def _abandon(self) -> None:

@@ -26,9 +26,10 @@ from ..agents import agent_class, conversation_name_problem
 from ..conf import frame_limits
 from ..exceptions import AccessDenied, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
-from ..transcript.selectors import messages_list, stream_for_request
+from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
 from ..transcript.turns import turn_accept
+from ..transcript.window import Window, transcript_frame
 from . import protocol as p
 from . import silence
 from .broadcast import group_name, release_parked
@@ -90,7 +91,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             self.pending_resume = state.active_request_id
             await self.send(p.stream_resuming_frame(state.active_request_id))
         else:
-            await self.send(p.chat_messages_frame(state.messages))
+            assert state.window is not None
+            await self.send(p.chat_messages_frame(state.window.messages, earlier=state.window.earlier))
             if state.pending_request_id is not None:
                 self.parked = True
                 await self.send(p.stream_pending_frame(state.pending_request_id))
@@ -156,16 +158,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(p.response_frame(frame.id, body, done=True, error=True))
             return
         if accepted.dropped:  # roll the client back to the server's transcript, end its stream
-            messages = await database_sync_to_async(_messages)(self.conversation_id)
-            await self.send(p.chat_messages_frame(messages))
+            await self.send(await database_sync_to_async(_transcript)(self.conversation_id))
             await self.send(p.response_frame(frame.id, done=True, outcome="skipped"))
             return
         for request_id in accepted.superseded:  # whoever sent them stops waiting
             await self._group_broadcast(
                 p.response_frame(request_id, done=True, outcome="skipped"), exclude=[]
             )
-        messages = await database_sync_to_async(_messages)(self.conversation_id)
-        await self._group_broadcast(p.chat_messages_frame(messages), exclude=[self.channel_name])
+        transcript = await database_sync_to_async(_transcript)(self.conversation_id)
+        await self._group_broadcast(transcript, exclude=[self.channel_name])
 
     async def on_cancel(self, frame: p.Cancel) -> None:
         running = await database_sync_to_async(fiber_request_cancel)(
@@ -238,9 +239,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
             if replay.live:
                 self._heard(frame.id)
         if replay.snapshot is not None:  # after the end frame, which lifts the hook's stream guard
-            await self.send(p.chat_messages_frame(replay.snapshot))
+            await self.send(_frame(replay.snapshot))
         if replay.messages is not None:
-            await self._group_broadcast(p.chat_messages_frame(replay.messages), exclude=[])
+            await self._group_broadcast(_frame(replay.messages), exclude=[])
 
     # -- group events --------------------------------------------------------------------------------
     async def think_frames(self, event: dict[str, Any]) -> None:
@@ -335,7 +336,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 await self.send(text)
                 self._mark_sent(request_id, seq)
             if tail.snapshot is not None:
-                await self.send(p.chat_messages_frame(tail.snapshot))
+                await self.send(_frame(tail.snapshot))
         if tail.frames or tail.end is not None:
             STREAM_FILLS.labels("silence").inc()
             logger.info(
@@ -367,6 +368,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         return {"conversation_id": getattr(self, "conversation_id", None), "agent": self.agent_name}
 
 
-def _messages(conversation_id: int) -> list[dict[str, Any]]:
+def _transcript(conversation_id: int) -> str:
+    return transcript_frame(conversation_id=conversation_id)
 
-    return messages_list(conversation_id=conversation_id)
+
+def _frame(window: Window) -> str:
+    return p.chat_messages_frame(window.messages, earlier=window.earlier)

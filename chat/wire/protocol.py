@@ -395,8 +395,13 @@ def identity_frame(name: str, agent: str) -> str:
     return dumps({"type": IDENTITY, "name": name, "agent": agent})
 
 
-def chat_messages_frame(messages: list[dict[str, Any]]) -> str:
-    return dumps({"type": CHAT_MESSAGES, "messages": messages})
+def chat_messages_frame(messages: list[dict[str, Any]], *, earlier: bool = False) -> str:
+    """The transcript; `earlier` (sent only when true) says older messages exist than the first
+    (chat.transcript.window; clients that do not know the field ignore it)."""
+    frame: dict[str, Any] = {"type": CHAT_MESSAGES, "messages": messages}
+    if earlier:
+        frame["earlier"] = True
+    return dumps(frame)
 
 
 def stream_resuming_frame(request_id: str, probe_id: str | None = None) -> str:

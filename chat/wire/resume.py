@@ -19,13 +19,13 @@ from ..models import Conversation, Message
 from ..transcript.folding import message_chunks
 from ..transcript.selectors import (
     active_stream,
-    messages_list,
     pending_turn_request_id,
     stream_for_request,
     stream_partial,
 )
 from ..transcript.services import message_upsert
 from ..transcript.snapshot import FiberSnapshot
+from ..transcript.window import Window, transcript_window
 from ..turn.interrupted import recovering_flag_active
 from .presence import connection_present
 from .protocol import dumps, response_frame
@@ -35,21 +35,21 @@ from .protocol import dumps, response_frame
 class ConnectState:
     active_request_id: str | None
     pending_request_id: str | None
-    messages: list[dict[str, Any]]
+    window: Window | None  # the transcript's window (chat.transcript.window); None while a stream runs
     recovering: dict[str, Any] | None
 
 
 def connect_state(*, conversation_id: int) -> ConnectState:
     stream = active_stream(conversation_id=conversation_id)
     if stream is not None:
-        return ConnectState(stream.request_id, None, [], None)
+        return ConnectState(stream.request_id, None, None, None)
 
     conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
     fresh = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
     return ConnectState(
         None,
         pending_turn_request_id(conversation_id=conversation_id),
-        messages_list(conversation_id=conversation_id),
+        transcript_window(conversation_id=conversation_id),
         conversation.recovering if fresh else None,
     )
 
@@ -124,8 +124,8 @@ class Replay:
     frames: list[str]
     last_seq: int  # highest chunk seq replayed (-1 when none)
     ignore: bool = False  # an ACK for a stream other than the active one
-    messages: list[dict[str, Any]] | None = None  # a finalised orphan changed the transcript: for all
-    snapshot: list[dict[str, Any]] | None = None  # the transcript, for the acking connection only
+    messages: Window | None = None  # a finalised orphan changed the transcript: for all
+    snapshot: Window | None = None  # the transcript, for the acking connection only
     live: bool = False  # the stream still runs: its live tail follows
     pages: Pages | None = None
     closing: tuple[str, ...] = ()
@@ -167,7 +167,7 @@ def _finalize_orphan(stream: Stream) -> Replay:
             message_upsert(conversation_id=stream.conversation_id, message=partial.message())
         stream_close(stream_id=stream.pk, status=Stream.Status.COMPLETED)
     end = response_frame(stream.request_id, done=True, replay=True, seq=last + 1)
-    messages = messages_list(conversation_id=stream.conversation_id)
+    messages = transcript_window(conversation_id=stream.conversation_id)
     return Replay(frames, last + 1, messages=messages, pages=pages, closing=(end,))
 
 
@@ -278,7 +278,7 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
     error = _recorded_error(conversation_id, request_id)
     stream = stream_for_request(conversation_id=conversation_id, request_id=request_id)
     frames, last, pages = _finished_replay(stream)
-    snapshot = messages_list(conversation_id=conversation_id)
+    snapshot = transcript_window(conversation_id=conversation_id)
     if error is not None:
         end = response_frame(request_id, error, done=True, error=True, seq=last + 1)
         return Replay(frames, last + 1, snapshot=snapshot, pages=pages, closing=(end,))
@@ -293,7 +293,7 @@ class Tail:
 
     frames: list[tuple[int, str]]  # (seq, frame) of the chunks stored after it
     end: tuple[int, str] | None = None  # (seq, frame): the stream has ended
-    snapshot: list[dict[str, Any]] | None = None  # the transcript, after the end
+    snapshot: Window | None = None  # the transcript, after the end
     gone: bool = False  # no such stream any more (the conversation was cleared)
 
 
@@ -337,4 +337,4 @@ def stream_tail(*, conversation_id: int, request_id: str, after_seq: int) -> Tai
         status = fibers.values_list("status", flat=True).first()
         outcome = _OUTCOMES.get(status) if status is not None else None
         end = response_frame(request_id, done=True, continuation=continuation, seq=seq, outcome=outcome)
-    return Tail(frames, (seq, end), messages_list(conversation_id=conversation_id))
+    return Tail(frames, (seq, end), transcript_window(conversation_id=conversation_id))

@@ -137,7 +137,10 @@ def test_an_ack_seeing_the_stream_run_and_then_the_message_finished_is_answered_
     bodies = [json.loads(f)["body"] for f in replay.read_all()]
     assert bodies == [""], "a finished continuation's chunks are in the message: only its end is sent"
     assert json.loads(replay.read_all()[-1])["done"] is True
-    assert replay.snapshot is not None and replay.snapshot[0]["parts"][1] == {"type": "text", "text": "ok"}
+    assert replay.snapshot is not None and replay.snapshot.messages[0]["parts"][1] == {
+        "type": "text",
+        "text": "ok",
+    }
 
 
 def test_an_ack_racing_the_end_while_reading_chunks_replays_them_as_the_continuation(

@@ -87,7 +87,7 @@ def test_an_orphaned_stream_is_replayed_closed_and_its_message_stored_on_ack(
     assert row.status == Stream.Status.COMPLETED
     stored = Message.objects.get(message_id="m-r1")
     assert stored.parts[-1]["text"] == "half an answer"
-    assert replay.messages is not None and replay.messages[-1]["id"] == "m-r1"
+    assert replay.messages is not None and replay.messages.messages[-1]["id"] == "m-r1"
 
 
 def test_a_stream_whose_turn_still_runs_is_replayed_live(conversation: Conversation) -> None:

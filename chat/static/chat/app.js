@@ -83,6 +83,11 @@
     ackedIds: new Map(), // request id -> probeCount when we ACKed it on the current socket
     identity: null,
     messages: [],
+    // The server sends a long conversation's newest messages only (a window); `earlier` says older ones
+    // exist. Pages loaded with the button are shown above the window and never sent back.
+    earlier: false,
+    older: [],
+    olderEarlier: false,
     transcriptVersion: 0, // bumped by every local or server transcript change
     streams: new Map(), // request id -> stream fold state
     pending: false,
@@ -139,8 +144,11 @@
 
   // A server snapshot wins, except for messages this socket is streaming right now:
   // the snapshot may predate chunks we have already rendered.
-  function replaceTranscript(list) {
+  function replaceTranscript(list, earlier) {
     const incoming = list.filter(isMessage);
+    state.earlier = Boolean(earlier);
+    const ids = new Set(incoming.map((m) => m.id));
+    state.older = state.earlier ? state.older.filter((m) => !ids.has(m.id)) : [];
     for (const stream of state.streams.values()) {
       if (stream.done || !stream.live || !stream.messageId) continue;
       const mine = findMessage(stream.messageId);
@@ -157,6 +165,8 @@
 
   function clearLocal() {
     state.messages = [];
+    state.older = [];
+    state.earlier = false;
     state.transcriptVersion++;
     // Mark rather than drop streams, so stragglers for a cleared turn are ignored.
     for (const stream of state.streams.values()) stream.done = true;
@@ -494,7 +504,7 @@
 
   const FRAME_HANDLERS = {
     cf_agent_identity: (f) => (state.identity = { name: f.name, agent: f.agent }),
-    cf_agent_chat_messages: (f) => Array.isArray(f.messages) && replaceTranscript(f.messages),
+    cf_agent_chat_messages: (f) => Array.isArray(f.messages) && replaceTranscript(f.messages, f.earlier),
     cf_agent_message_updated: onMessageUpdated,
     cf_agent_use_chat_response: onChatResponse,
     cf_agent_stream_resuming: onStreamResuming,
@@ -635,12 +645,32 @@
       const list = text.trim() ? JSON.parse(text) : [];
       // Drop the answer if the conversation or the transcript moved on while it was in flight.
       if (!Array.isArray(list) || conversation !== state.conversation || version !== state.transcriptVersion) return;
-      replaceTranscript(list);
+      replaceTranscript(list, res.headers.get("Think-Earlier") === "true");
       scheduleRender();
     } catch (err) {
       console.warn("thinkChat: could not load the transcript", err);
     } finally {
       clearTimeout(timer);
+    }
+  }
+
+  // One page of older messages, before the first one shown.
+  async function loadEarlier() {
+    const first = state.older[0] || state.messages[0];
+    if (!first) return;
+    const conversation = state.conversation;
+    try {
+      const url = `${basePath()}/get-messages?before=${encodeURIComponent(first.id)}`;
+      const res = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      if (!res.ok) throw new Error(`HTTP ${res.status}`);
+      const list = await res.json();
+      if (!Array.isArray(list) || conversation !== state.conversation) return;
+      const shown = new Set([...state.older, ...state.messages].map((m) => m.id));
+      state.older = list.filter((m) => isMessage(m) && !shown.has(m.id)).concat(state.older);
+      state.olderEarlier = res.headers.get("Think-Earlier") === "true";
+      scheduleRender();
+    } catch (err) {
+      console.warn("thinkChat: could not load earlier messages", err);
     }
   }
 
@@ -976,7 +1006,8 @@
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 48;
     const next = new Map();
     let position = 0;
-    for (const message of state.messages) {
+    els.earlier.hidden = !(state.older.length ? state.olderEarlier : state.earlier);
+    for (const message of [...state.older, ...state.messages]) {
       if (next.has(message.id)) continue; // a duplicated id would steal its twin's node
       const sig = JSON.stringify(message);
       let entry = renderCache.get(message.id);
@@ -1079,6 +1110,7 @@
       errorText: byId("error-text"),
       errorDismiss: byId("error-dismiss"),
       messages: byId("messages"),
+      earlier: byId("earlier-button"),
       composer: byId("composer"),
       input: byId("message-input"),
       send: byId("send-button"),
@@ -1095,6 +1127,7 @@
       event.preventDefault();
       openConversation(els.name.value, els.agent.value);
     });
+    els.earlier.addEventListener("click", () => loadEarlier());
     els.composer.addEventListener("submit", (event) => {
       event.preventDefault();
       if (submitText(els.input.value)) els.input.value = "";

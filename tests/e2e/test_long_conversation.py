@@ -1,0 +1,157 @@
+"""A conversation of any length opens, continues and streams (issue 21, item 7).
+
+8,000 stored messages (about 1.5 MB) are inserted directly; a real daphne and worker serve them.
+Before the transcript was windowed, connecting sent the whole history in one frame, daphne's
+autobahn refused to send a message over its 1 MiB limit (PayloadExceededError), and daphne closed
+the socket with 1011 on every connect.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from typing import Any
+
+import pytest
+import websockets
+from asgiref.sync import sync_to_async
+
+from chat.transcript.selectors import messages_list
+from tests.support import TEST_PRINCIPAL, ChatClient, auth_headers, chat_request, numbers, user_message
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+DAPHNE_MAX_MESSAGE = 1024 * 1024  # daphne's default websocket_max_message_size
+LONG = 8_000
+FILLER = "The customer asked about the order and the assistant explained the schedule. "
+
+
+def text_of(i: int) -> str:
+    return f"m{i}: {FILLER}"
+
+
+def grow(name: str, count: int = LONG, agent: str = "assistant") -> int:
+    """A conversation of `count` stored messages (about 190 bytes of JSON each), alternating roles."""
+    from chat.agents import open_agent
+    from chat.models import Message
+
+    conversation_id = open_agent(agent, name, owner=TEST_PRINCIPAL).conversation_id
+    Message.objects.bulk_create(
+        Message(
+            conversation_id=conversation_id,
+            message_id=f"h{i}",
+            role="user" if i % 2 == 0 else "assistant",
+            parts=[{"type": "text", "text": text_of(i)}],
+            position=i,
+        )
+        for i in range(count)
+    )
+    return conversation_id
+
+
+def new_name() -> str:
+    return f"long-{uuid.uuid4().hex[:8]}"
+
+
+async def first_transcript(client: ChatClient) -> tuple[dict[str, Any], int]:
+    """The connect transcript frame and its size in bytes."""
+    raw = await client.ws.recv()
+    frame = json.loads(raw)
+    client.frames.append(frame)
+    assert frame["type"] == "cf_agent_chat_messages", frame["type"]
+    return frame, len(raw.encode() if isinstance(raw, str) else raw)
+
+
+async def test_a_long_conversation_opens(stack: Any) -> None:
+    name = new_name()
+    await sync_to_async(grow)(name)
+    async with ChatClient(stack.port, name) as client:
+        try:
+            frame, size = await first_transcript(client)
+        except websockets.ConnectionClosed as closed:
+            pytest.fail(f"the socket closed with {closed.rcvd.code if closed.rcvd else None} on connect")
+        assert size < DAPHNE_MAX_MESSAGE
+        identity = await client.recv_type("cf_agent_identity")
+        assert identity["name"] == name
+    messages = frame["messages"]
+    assert messages and messages[-1]["id"] == f"h{LONG - 1}", "the window ends with the latest message"
+
+
+def get_messages(port: int, name: str, query: str = "") -> tuple[list[dict[str, Any]], bool]:
+    url = f"http://127.0.0.1:{port}/agents/assistant/{name}/get-messages{query}"
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=30) as r:
+        return json.loads(r.read()), r.headers["Think-Earlier"] == "true"
+
+
+def stored_ids(name: str) -> list[str]:
+    from chat.models import Message
+
+    rows = Message.objects.filter(conversation__name=name).order_by("position")
+    return list(rows.values_list("message_id", flat=True))
+
+
+async def test_a_long_conversation_continues_regenerates_and_pages(stack: Any, scripted_model: Any) -> None:
+    name = new_name()
+    await sync_to_async(grow)(name)
+    async with ChatClient(stack.port, name) as client:
+        frame, _ = await first_transcript(client)
+        window = frame["messages"]
+        assert frame.get("earlier") is True and len(window) < LONG
+        # The client holds the window only and asks for more, as the published hook does.
+        prompt = f"count to 5 {name}"
+        await client.send(chat_request("r1", [*window, user_message(prompt, "u-new")]))
+        log = await client.follow("r1", timeout=60)
+        assert log.errors == [] and log.text == numbers(5)
+        after = await client.recv_type("cf_agent_chat_messages")
+    [chat] = [c for c in scripted_model.chats if c and c[-1].get("content") == prompt]
+    texts = [m.get("content") for m in chat if m["role"] != "system"]
+    assert texts[:2] == [text_of(0), text_of(1)], "the model read the oldest messages, not just the window"
+    assert len([t for t in texts if isinstance(t, str) and t.startswith("m")]) == LONG
+    ids = await sync_to_async(stored_ids)(name)
+    assert ids[:LONG] == [f"h{i}" for i in range(LONG)] and ids[LONG] == "u-new" and len(ids) == LONG + 2
+    assert after["messages"][-1]["id"] == ids[-1] and len(json.dumps(after)) < DAPHNE_MAX_MESSAGE
+
+    # Regenerate the answer from the window the client now holds (the hook drops the last answer).
+    kept = [m for m in after["messages"] if m["id"] != ids[-1]]
+    before = len(scripted_model.chats)
+    async with ChatClient(stack.port, name) as client:
+        await first_transcript(client)
+        await client.send(chat_request("r2", kept, trigger="regenerate-message"))
+        log = await client.follow("r2", timeout=60)
+    assert log.errors == [] and log.text == numbers(5)
+    regenerated = await sync_to_async(stored_ids)(name)
+    assert regenerated[: LONG + 1] == ids[: LONG + 1] and len(regenerated) == LONG + 2
+    assert regenerated[-1] != ids[-1], "a new answer in place of the old one"
+    again = [m.get("content") for m in scripted_model.chats[before] if m["role"] != "system"]
+    assert again[:1] == [text_of(0)] and again[-1] == prompt
+
+    # Paging back from the window reaches the first message: every stored message once, in order.
+    page, earlier = await sync_to_async(get_messages)(stack.port, name)
+    pages = [page]
+    while earlier:
+        page, earlier = await sync_to_async(get_messages)(
+            stack.port, name, f"?before={pages[0][0]['id']}&limit=1000"
+        )
+        assert page, "a page before a message that has older ones is never empty"
+        pages.insert(0, page)
+    assert [m["id"] for p in pages for m in p] == regenerated
+
+
+async def test_a_chat_request_over_the_frame_limit_is_refused_with_a_reason(stack: Any) -> None:
+    name = new_name()
+    conversation_id = await sync_to_async(grow)(name)
+    history = await sync_to_async(messages_list)(conversation_id=conversation_id)
+    # A client that kept the whole history (over MAX_FRAME_BYTES, under daphne's 1 MiB): refused, with why.
+    held = 5_000
+    frame = chat_request("big", [*history[-held:], user_message("count to 3", "u-big")])
+    while len(frame.encode()) <= 1_010_000:
+        held += 100
+        frame = chat_request("big", [*history[-held:], user_message("count to 3", "u-big")])
+    assert 1_000_000 < len(frame.encode()) < DAPHNE_MAX_MESSAGE, len(frame.encode())
+    async with ChatClient(stack.port, name) as client:
+        await first_transcript(client)
+        await client.send(frame)
+        log = await client.follow("big", timeout=30)
+    assert log.done is not None and log.errors == ["Invalid chat request: frame is larger than 1000000 bytes"]
+    assert await sync_to_async(stored_ids)(name) == [f"h{i}" for i in range(LONG)], "nothing stored"
