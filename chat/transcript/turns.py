@@ -43,7 +43,8 @@ def turn_refusal(
     *, conversation_id: int, request: ChatRequest, busy: FiberQuerySet, policy: str, client_history: bool
 ) -> str:
     """Why a chat request is refused ("" when it is not): a message it adds is not the client's to add,
-    or is over the limits, or the conversation's queue is full. Messages the server already has are
+    or is over the limits, or the conversation's queue is full, or it regenerates while a turn is queued
+    or running (it would delete the messages that turn answers). Messages the server already has are
     echoes and not checked: the server wrote them itself (long answers, big tool outputs), and the
     stored ones stay as they are whatever the echo says. Call with the conversation locked."""
     known = set(_known_positions(conversation_id, request.messages))
@@ -58,6 +59,11 @@ def turn_refusal(
             check_message_limits(message, limits)
         except ProtocolError as exc:
             return str(exc)
+    if request.trigger == "regenerate-message" and busy.exists():
+        return (
+            "a turn is queued or running in this conversation; regenerate replaces the last answer, so stop"
+            " that turn or wait for it first"
+        )
     queued = think_setting("MAX_QUEUED_TURNS")
     if policy == "queue" and busy.filter(status=Fiber.Status.PENDING).count() >= queued:
         return f"{queued} turns are already queued in this conversation; send it when one has run"

@@ -96,6 +96,29 @@ def test_an_agent_may_accept_client_history(conversation: Conversation) -> None:
     ]
 
 
+@pytest.mark.parametrize("status", [Fiber.Status.PENDING, Fiber.Status.RUNNING])
+def test_a_regenerate_while_a_turn_is_queued_or_running_is_refused_and_deletes_nothing(
+    conversation: Conversation, status: str
+) -> None:
+    """Found by the frame fuzz: a regenerate accepted behind a running turn deleted the messages that
+    turn was answering, and its answer then landed after the regenerated one."""
+    assert not accept(conversation, message("u1", "user")).refused
+    Fiber.objects.filter(conversation=conversation).update(status=Fiber.Status.COMPLETED)
+    Message.objects.create(conversation=conversation, message_id="a1", role="assistant", parts=[], position=1)
+    busy = accept(conversation, message("u1", "user"), message("a1", "assistant"), message("u2", "user"))
+    Fiber.objects.filter(pk=busy.fiber_id).update(status=status)
+    regenerate = ChatRequest("r-regen", [message("u1", "user")], "regenerate-message")
+
+    refused = turn_accept(conversation_id=conversation.pk, request=regenerate).refused
+
+    assert "regenerate replaces the last answer" in refused
+    assert [m["id"] for m in messages_list(conversation_id=conversation.pk)] == ["u1", "a1", "u2"]
+    assert not Fiber.objects.filter(request_id="r-regen").exists()
+    Fiber.objects.filter(pk=busy.fiber_id).update(status=Fiber.Status.COMPLETED)
+    assert not turn_accept(conversation_id=conversation.pk, request=regenerate).refused, "idle: it goes"
+    assert [m["id"] for m in messages_list(conversation_id=conversation.pk)] == ["u1"]
+
+
 @pytest.mark.parametrize("name", ["\x00", "a\x00b", "tab\there", "x" * 201, "del\x7f"])
 def test_an_odd_name_is_refused_everywhere(client: Client, name: str) -> None:
     assert conversation_name_problem(name) is not None

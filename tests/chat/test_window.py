@@ -15,6 +15,7 @@ from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
 from chat.transcript.window import TRUNCATED_KEY, message_bytes, transcript_window
 from chat.wire.protocol import ChatRequest
+from recovery.models import Fiber
 from tests.support import TEST_PRINCIPAL, auth_headers
 
 pytestmark = pytest.mark.django_db
@@ -123,6 +124,7 @@ def test_a_client_holding_only_the_window_continues_and_regenerates(conversation
     assert not accepted.refused
     stored = messages_list(conversation_id=conversation.pk)
     assert len(stored) == 1001 and stored[-1] == new and ids(stored[:1000]) == [f"h{i}" for i in range(1000)]
+    Fiber.objects.filter(pk=accepted.fiber_id).update(status=Fiber.Status.COMPLETED)  # that turn ran
     # Regenerate the last answer (h999) from the window: the client drops it and sends the rest.
     regenerate = ChatRequest("r2", [m for m in window if m["id"] != "h999"], "regenerate-message")
     accepted = turn_accept(conversation_id=conversation.pk, request=regenerate)
