@@ -133,6 +133,9 @@ class PrivateServer:
                 **kwargs,
             )
 
+    def start(self) -> PrivateServer:
+        raise NotImplementedError
+
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -303,33 +306,35 @@ class Services:
         self.servers.clear()
 
 
+URLS = {
+    "postgres": ("DATABASE_URL", "postgres://postgres@{host}:{port}/" + DATABASE_NAME),
+    "redis": ("REDIS_URL", "redis://{host}:{port}/0"),
+}
+
+
 def provide(directory: Path, *, durable: bool) -> Services:
     """Decide per service (the URL set, else the default port answering, else a private server in
     `directory`) and start what is needed. The caller stops `servers` (Services.stop)."""
     services = Services()
     try:
-        if os.environ.get("DATABASE_URL"):
-            services.reasons.append("postgres: DATABASE_URL")
-        elif answers(port := default_port("postgres")):
-            services.env["DATABASE_URL"] = f"postgres://postgres@{HOST}:{port}/{DATABASE_NAME}"
-            services.reasons.append(f"postgres: the server on port {port}")
-        else:
-            pg = PrivatePostgres(directory, durable=durable)
-            services.servers.append(pg)
-            pg.start()
-            services.env["DATABASE_URL"] = pg.url()
-            services.reasons.append(f"postgres: private, port {pg.port}, data {pg.data_dir}")
-        if os.environ.get("REDIS_URL"):
-            services.reasons.append("redis: REDIS_URL")
-        elif answers(port := default_port("redis")):
-            services.env["REDIS_URL"] = f"redis://{HOST}:{port}/0"
-            services.reasons.append(f"redis: the server on port {port}")
-        else:
-            rd = PrivateRedis(directory)
-            services.servers.append(rd)
-            rd.start()
-            services.env["REDIS_URL"] = rd.url()
-            services.reasons.append(f"redis: private, port {rd.port}")
+        for service, (variable, url) in URLS.items():
+            if os.environ.get(variable):
+                services.reasons.append(f"{service}: {variable}")
+                continue
+            if answers(port := default_port(service)):
+                services.env[variable] = url.format(host=HOST, port=port)
+                services.reasons.append(f"{service}: the server on port {port}")
+                continue
+            server: PrivateServer
+            server = (
+                PrivatePostgres(directory, durable=durable)
+                if service == "postgres"
+                else PrivateRedis(directory)
+            )
+            services.servers.append(server)
+            server.start()
+            services.env[variable] = url.format(host=HOST, port=server.port)
+            services.reasons.append(f"{service}: private, port {server.port}, files in {directory}")
     except BaseException:
         services.stop()
         raise
