@@ -6,7 +6,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 # The Procfile's commands (daphne, celery, python) come from the virtualenv.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run test lint fmt pytest migrate services clean
+.PHONY: install run serve test lint fmt pytest migrate services clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,14 +20,21 @@ migrate: install
 	$(PY) -m thinkproject.bootstrap
 	$(PY) manage.py migrate --noinput
 
-## The service: web (daphne), worker, beat and the scripted model, against Postgres and Redis.
+## The service: web (daphne), worker, beat and the scripted model, against Postgres and Redis: those of
+## DATABASE_URL / REDIS_URL, else those answering on 5432 / 6379, else private ones that
+## thinkproject/embedded.py starts under .run/ (the database kept in .run/pgdata) and stops afterwards.
 ## Web, worker and beat share one metrics directory (prometheus_client multiprocess mode), emptied first.
 run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.run/metrics
-run: migrate
+run: install
+	$(PY) -m thinkproject.embedded run -- $(MAKE) --no-print-directory -o $(VENV)/.installed serve
+
+## What `make run` runs once the services are there.
+serve: migrate
 	$(PY) -m thinkproject.bootstrap metrics
 	$(BIN)/honcho start
 
-## The tests: linters, type checks, migrations check, then pytest on real Postgres, Redis and processes.
+## The tests: linters, type checks, migrations check, then pytest on real Postgres, Redis and processes
+## (the same choice as `make run`, with throwaway private servers: tests/private_servers.py).
 test: install lint pytest
 
 lint:

@@ -1,10 +1,11 @@
 """Infrastructure faults mid-turn: Redis (broker, channel layer, cache) and Postgres go away and come back.
 
-Neither test touches the shared servers. The Redis test runs its stack against a private redis-server
-that it kills and starts again on the same port (no persistence: every broker message, channel-layer
-message and group, and cache key is gone, as after a real restart). The Postgres test makes an outage
-of this run's own test database only: every open connection terminated and new ones refused for longer
-than the lease TTL, then allowed again, which is what clients see of a server restart.
+Neither test touches the shared servers: each runs its stack against a private server of its own
+(thinkproject/embedded.py: the pip-installed Valkey and PostgreSQL that `make run` falls back on), which
+it SIGKILLs, as a crash would, and starts again on the same port. The Redis server has no persistence:
+every broker message, channel-layer message and group, and cache key is gone, as after a real restart.
+The Postgres postmaster is killed and stays down for longer than the lease TTL; its backends die with
+it, and the restarted server recovers its data from the WAL.
 
 In each case the turn completes with its whole answer (a terminal error fails the test), the stored
 transcript holds it exactly once, and a client that connects after the fault gets it. The database
@@ -14,30 +15,34 @@ outage outlasts the lease, so its turn must be one that recovery continued.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
-import redis
 import websockets
 from asgiref.sync import sync_to_async
 
 from chat.models import Conversation
 from recovery.models import Fiber
 from tests.support import (
+    ROOT,
     ChatClient,
     ConversationLog,
     Proc,
     assistant_text,
     chat_request,
     follow_conversation,
-    free_port,
     numbers,
     start_beat,
     start_daphne,
@@ -45,6 +50,7 @@ from tests.support import (
     user_message,
     wait_until,
 )
+from thinkproject.embedded import RUN_DIR, PrivatePostgres, PrivateRedis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -75,65 +81,6 @@ SLOW = Turn("count to 80 [rate 20]", 80, 15)
 FAST = Turn("count to 1500 [rate 300]", 1500, 100)
 
 
-class PrivateRedis:
-    """A redis-server of this test alone, without persistence, that can be restarted on its port."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}"
-        self.log_dir = log_dir
-        self.proc: Proc | None = None
-
-    def start(self) -> None:
-        args = [shutil.which("redis-server") or "redis-server", "--port", str(self.port)]
-        args += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
-        self.proc = Proc("redis", args, {}, self.log_dir / f"redis-{self.port}.log").start()
-        wait_until(self._ping, 10, f"redis-server on port {self.port}")
-
-    def _ping(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-
-
-class DatabaseOutage:
-    """This run's test database refuses new connections and has every open one terminated, until end()."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.name = str(settings["NAME"])
-        self.dsn = {k.lower(): settings[k] for k in ("HOST", "PORT", "USER", "PASSWORD")}
-        self.active = False
-
-    def _run(self, *statements: str) -> None:
-        import psycopg
-        from psycopg import sql
-
-        # From the maintenance database: the outage must not depend on the database it takes down.
-        with psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **self.dsn) as conn:
-            for statement in statements:
-                conn.execute(
-                    sql.SQL(statement).format(db=sql.Identifier(self.name), name=sql.Literal(self.name))
-                )
-
-    def begin(self) -> None:
-        self.active = True
-        self._run(
-            "ALTER DATABASE {db} WITH ALLOW_CONNECTIONS false",
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = {name} AND pid <> pg_backend_pid()",
-        )
-
-    def end(self) -> None:
-        if self.active:
-            self._run("ALTER DATABASE {db} WITH ALLOW_CONNECTIONS true")
-            self.active = False
-
-
 class FaultStack:
     """daphne, beat and a worker of one fault test, on a queue of its own; all stopped at the end."""
 
@@ -154,8 +101,8 @@ class FaultStack:
 
 
 @pytest.fixture
-def private_redis(log_dir: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(log_dir)
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path / "redis")
     try:
         server.start()
         yield server
@@ -169,7 +116,7 @@ def redis_stack(
 ) -> Iterator[FaultStack]:
     env = {
         **stack_environment,
-        "THINK_TEST_REDIS_URL": private_redis.url,
+        "THINK_TEST_REDIS_URL": private_redis.url().rsplit("/", 1)[0],
         "THINK_TEST_QUEUE_SUFFIX": "-redis",
     }
     stack = FaultStack(env, log_dir)
@@ -179,27 +126,75 @@ def redis_stack(
         stack.stop()
 
 
+@dataclass(frozen=True)
+class PrivateDatabase:
+    server: PrivatePostgres
+    name: str
+
+
+@pytest.fixture(scope="module")
+def private_database() -> Iterator[PrivateDatabase]:
+    """A throwaway private Postgres with a migrated database of the apps, under .run/ (as root it runs
+    as nobody, who cannot enter pytest's temporary directories)."""
+    RUN_DIR.mkdir(exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="faults-", dir=RUN_DIR))
+    directory.chmod(0o755)
+    server = PrivatePostgres(directory, durable=False)
+    try:
+        server.start()
+        name = "thinkproject_faults"
+        with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        env = {**os.environ, "DATABASE_URL": server.url(name), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        env.pop("THINK_TEST_DATABASE_NAME", None)
+        migrated = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+        yield PrivateDatabase(server, name)
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture
-def postgres_stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[FaultStack]:
-    stack = FaultStack({**stack_environment, "THINK_TEST_QUEUE_SUFFIX": "-postgres"}, log_dir)
+async def on_private_database(private_database: PrivateDatabase) -> AsyncIterator[PrivateDatabase]:
+    """The async ORM of this process reads the private database for the test, and the session's test
+    database again after it: the settings dict every thread's connection shares points there, and the
+    ORM thread's connection is closed on each change (the test makes no query from its own thread)."""
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    saved = {key: settings_dict[key] for key in ("HOST", "PORT", "NAME")}
+    settings_dict.update(HOST="127.0.0.1", PORT=str(private_database.server.port), NAME=private_database.name)
+    await sync_to_async(close_connection)()
+    try:
+        yield private_database
+    finally:
+        settings_dict.update(saved)
+        await sync_to_async(close_connection)()
+
+
+@pytest.fixture
+def postgres_stack(
+    stack_environment: dict[str, str], log_dir: Path, private_database: PrivateDatabase
+) -> Iterator[FaultStack]:
+    env = {
+        **stack_environment,
+        "DATABASE_URL": private_database.server.url(private_database.name),
+        "THINK_TEST_DATABASE_NAME": private_database.name,
+        "THINK_TEST_QUEUE_SUFFIX": "-postgres",
+    }
+    stack = FaultStack(env, log_dir)
     try:
         yield stack
     finally:
         stack.stop()
-
-
-@pytest.fixture
-def database_outage(django_db_blocker: Any) -> Iterator[DatabaseOutage]:
-    """Always lifted at the end; this process's connections, killed by it, are closed after it."""
-    from django.db import connection
-
-    outage = DatabaseOutage(connection.settings_dict)
-    try:
-        yield outage
-    finally:
-        outage.end()
-        with django_db_blocker.unblock():
-            connection.close()  # the test's teardown (flush) opens a fresh one
 
 
 def close_connection() -> None:
@@ -292,10 +287,12 @@ async def run_with_fault(
 
 async def test_redis_restart_mid_turn(redis_stack: FaultStack, private_redis: PrivateRedis) -> None:
     async def restart() -> None:
-        assert private_redis.proc is not None
-        private_redis.proc.kill()
+        pid = private_redis.pid
+        private_redis.kill()  # SIGKILL
+        assert private_redis.proc is not None and private_redis.proc.returncode == -9
         await asyncio.sleep(1.0)
         await asyncio.to_thread(private_redis.start)
+        assert private_redis.pid != pid
 
     try:
         name, _ = await run_with_fault(redis_stack.port, SLOW, restart)
@@ -318,19 +315,23 @@ def healthy(port: int) -> bool:
 
 
 @pytest.mark.parametrize("turn", [SLOW, FAST], ids=["guard-flushes", "producer-flushes"])
-async def test_postgres_outage_mid_turn(
-    postgres_stack: FaultStack, database_outage: DatabaseOutage, turn: Turn
+async def test_postgres_crash_mid_turn(
+    postgres_stack: FaultStack, on_private_database: PrivateDatabase, turn: Turn
 ) -> None:
     length = outage_s()
+    server = on_private_database.server
 
-    async def outage() -> None:
-        await asyncio.to_thread(database_outage.begin)
+    async def crash() -> None:
+        pid = server.pid
+        server.kill()  # SIGKILL of the postmaster
+        assert server.proc is not None and server.proc.returncode == -9
         await asyncio.sleep(length)
-        await asyncio.to_thread(database_outage.end)
-        await sync_to_async(close_connection)()  # the connection of the ORM's thread was killed too
+        await asyncio.to_thread(server.start)  # same port, same data directory: crash recovery
+        assert server.pid != pid
+        await sync_to_async(close_connection)()  # the connection of the ORM's thread died with it
 
     try:
-        name, first = await run_with_fault(postgres_stack.port, turn, outage)
+        name, first = await run_with_fault(postgres_stack.port, turn, crash)
     except BaseException:
         print(postgres_stack.logs())
         raise
