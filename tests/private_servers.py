@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Generator
 from pathlib import Path
 
@@ -31,9 +30,7 @@ SERVICES = pytest.StashKey[tuple[embedded.Services, Path]]()
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None, None, None]:
-    embedded.RUN_DIR.mkdir(exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="test-", dir=embedded.RUN_DIR))
-    directory.chmod(0o755)  # as root the private Postgres runs as nobody, who must reach its data dir
+    directory = embedded.scratch_dir("test-")  # as root the private Postgres runs as nobody
     try:
         services = embedded.provide(directory, durable=False)
     except BaseException:

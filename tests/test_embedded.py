@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,10 +22,8 @@ from thinkproject import embedded
 
 @pytest.fixture
 def run_dir() -> Iterator[Path]:
-    """Under .run/ (as root the private Postgres runs as nobody, who cannot enter pytest's tmp dirs)."""
-    embedded.RUN_DIR.mkdir(exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="unit-", dir=embedded.RUN_DIR))
-    path.chmod(0o755)
+    """A scratch directory the private servers can use (as root, Postgres runs as nobody)."""
+    path = embedded.scratch_dir("unit-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

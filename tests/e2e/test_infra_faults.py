@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -50,7 +49,7 @@ from tests.support import (
     user_message,
     wait_until,
 )
-from thinkproject.embedded import RUN_DIR, PrivatePostgres, PrivateRedis
+from thinkproject.embedded import PrivatePostgres, PrivateRedis, scratch_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -136,9 +135,7 @@ class PrivateDatabase:
 def private_database() -> Iterator[PrivateDatabase]:
     """A throwaway private Postgres with a migrated database of the apps, under .run/ (as root it runs
     as nobody, who cannot enter pytest's temporary directories)."""
-    RUN_DIR.mkdir(exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="faults-", dir=RUN_DIR))
-    directory.chmod(0o755)
+    directory = scratch_dir("faults-")
     server = PrivatePostgres(directory, durable=False)
     try:
         server.start()
