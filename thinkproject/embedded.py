@@ -87,7 +87,9 @@ def postgres_bin_dir() -> Path:
 
 
 def others_can_enter(path: Path) -> bool:
-    """Whether every existing directory on the way to `path` lets any user enter it (o+x)."""
+    """Whether every existing directory on the way to `path` (symbolic links resolved: a linked
+    virtualenv lives where its link points) lets any user enter it (o+x)."""
+    path = path.resolve()
     return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.exists())
 
 
