@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,15 @@ def summary(values: list[float]) -> str:
 def log_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="thinkbench-") as path:
         yield Path(path)
+
+
+def logs_done(logs: Path, code: int, keep: bool) -> int:
+    """Print where the processes' logs are when the run failed or they are to be kept; else delete them."""
+    if code or keep:
+        print(f"logs: {logs}")
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
+    return code
 
 
 @contextmanager

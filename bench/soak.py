@@ -32,7 +32,7 @@ from typing import Any
 
 os.environ.setdefault("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/thinkproject_soak")
 
-from harness import progress, scripted_model_process, setup_django, summary  # type: ignore[import-not-found]  # noqa: E402
+from harness import logs_done, progress, scripted_model_process, setup_django, summary  # type: ignore[import-not-found]  # noqa: E402
 
 COUNT = 80
 PROMPT = f"count to {COUNT} [rate 40]"
@@ -273,11 +273,7 @@ async def main(args: argparse.Namespace) -> int:
         for proc in procs:
             proc.stop()
     code = report(rounds, args.seed)
-    if code or args.keep_logs:
-        print(f"logs: {logs}")
-    else:
-        shutil.rmtree(logs, ignore_errors=True)
-    return code
+    return int(logs_done(logs, code, args.keep_logs))
 
 
 if __name__ == "__main__":

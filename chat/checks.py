@@ -19,7 +19,7 @@ from .conf import think_setting
 from .turn.overflow import ContextOverflow
 from .turn.tools import Tool
 
-POSITIVE_NUMBERS = ("STREAM_SILENCE_MS", "TOKEN_MAX_AGE_S", "MAX_FRAMES_PER_S")
+POSITIVE_NUMBERS = ("STREAM_SILENCE_MS", "TOKEN_MAX_AGE_S", "MAX_FRAMES_PER_S", "QUEUED_NOTICE_MS")
 POSITIVE_INTEGERS = (
     "MAX_NAME_LENGTH",
     "MAX_FRAME_BYTES",

@@ -45,6 +45,10 @@ DEFAULTS: dict[str, Any] = {
     # under MAX_FRAME_BYTES.
     "TRANSCRIPT_WINDOW_BYTES": 256_000,
     "MAX_QUEUED_TURNS": 10,  # turns waiting behind a busy one, per conversation ("queue" policy)
+    # A chat request whose turn no worker has taken this long after it was accepted gets a
+    # cf_agent_chat_queued frame (every worker slot busy); one queued behind a turn of its conversation
+    # gets it at once (docs/protocol.md).
+    "QUEUED_NOTICE_MS": 500,
     "MAX_FRAMES_PER_S": 20.0,  # frames per connection per second, after a burst of ...
     "MAX_FRAME_BURST": 100,
     # Limits per principal (chat.access: a user, a session, a token's subject), over all their sockets and

@@ -82,13 +82,13 @@ def _check_numbers() -> list[CheckMessage]:
     if not (_positive_number(poll) or poll == 0) or isinstance(poll, bool):
         message = f"THINK['LIVENESS_POLL_MS'] must be a positive number, or 0 (the tick alone), got {poll!r}."
         errors.append(Error(message, id="think_recovery.E001"))
-    threads = setting("DB_THREADS")
-    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads > 0):
-        errors.append(
-            Error(
-                f"THINK['DB_THREADS'] must be a positive integer, got {threads!r}.", id="think_recovery.E001"
+    # Whole numbers: threads of a pool, fibers taken over per tick (a LIMIT).
+    for key in ("DB_THREADS", "RECOVERY_CLAIMS_PER_TICK"):
+        value = setting(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            errors.append(
+                Error(f"THINK[{key!r}] must be a positive integer, got {value!r}.", id="think_recovery.E001")
             )
-        )
     retention = setting("INCIDENT_RETENTION_DAYS")
     if retention is not None and not _positive_number(retention):
         message = f"THINK['INCIDENT_RETENTION_DAYS'] must be a positive number or None, got {retention!r}."

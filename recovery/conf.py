@@ -19,6 +19,11 @@ DEFAULTS: dict[str, Any] = {
     # The period of the recovery tick that celery beat sends (recovery.schedules.beat_schedule takes it;
     # the health check's limit for a stale beat follows it).
     "RECOVERY_TICK_S": 1.0,
+    # At most this many interrupted fibers (dead workers' and lapsed leases') are taken over by one
+    # recovery tick, and as many by one liveness poll of a worker; the rest wait for the next one. A
+    # worker that starts while hundreds are interrupted recovers them in batches, not all at once: each
+    # taken fiber becomes a recovery task and then a turn, all behind the same broker queue.
+    "RECOVERY_CLAIMS_PER_TICK": 50,
     # Threads each worker process gives its turns' database calls (recovery.runtime).
     "DB_THREADS": 8,
     # Each worker process listens for cancels on a Postgres session of its own (recovery.control), so

@@ -32,12 +32,21 @@ class TickClaims:
     alarms: list[int] = field(default_factory=list)
 
 
-def tick_claim(*, limit: int = 100) -> TickClaims:
+def claims_per_tick() -> int:
+    """How many interrupted fibers one tick (or one liveness poll) takes over at most:
+    THINK["RECOVERY_CLAIMS_PER_TICK"]."""
+    return int(setting("RECOVERY_CLAIMS_PER_TICK"))
+
+
+def tick_claim(*, limit: int | None = None) -> TickClaims:
     """Claim the fibers of dead workers (by their lost session, recovery.liveness, or their expired
-    lease) and due alarms in one transaction."""
+    lease) and due alarms in one transaction: at most `limit` fibers in all (by default
+    THINK["RECOVERY_CLAIMS_PER_TICK"]), and as many alarms. The rest wait for the next tick, so hundreds
+    of interrupted fibers are recovered in batches instead of flooding the workers at once."""
+    limit = claims_per_tick() if limit is None else limit
     with transaction.atomic():
         orphaned = fibers_take_orphaned(limit=limit) if setting("LIVENESS_SESSIONS") else []
-        expired = fibers_take_expired(limit)
+        expired = fibers_take_expired(limit - len(orphaned)) if len(orphaned) < limit else []
         fibers = [*orphaned, *(pk for pk, _ in expired)]
         claims = TickClaims(fibers=fibers, alarms=alarms_claim_due(limit=limit))
     metrics.session_losses_observed(len(orphaned))

@@ -206,6 +206,11 @@ def conversation_busy(conversation_id: int) -> bool:
     return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
 
 
+def fiber_waiting(fiber_id: Any) -> bool:
+    """The fiber is still pending: accepted, and no worker has claimed it yet."""
+    return Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.PENDING).exists()
+
+
 def fibers_fence_out(*, conversation_id: int) -> int:
     """Cancel every active fiber of a conversation and fence out their workers (used by clear)."""
     return (

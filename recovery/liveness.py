@@ -198,12 +198,15 @@ def live_sessions() -> set[str]:
         return {row[0] for row in cursor.fetchall()}
 
 
-def take_orphaned(limit: int = 100) -> list[Any]:
-    """Take over the fibers of processes whose session is gone, and send each to the engine."""
+def take_orphaned(limit: int | None = None) -> list[Any]:
+    """Take over the fibers of processes whose session is gone, and send each to the engine: at most
+    `limit` (THINK["RECOVERY_CLAIMS_PER_TICK"] by default) per poll, the rest at the next ones."""
     from django.db import transaction
 
+    from .detection import claims_per_tick
     from .tasks import recover_fiber
 
+    limit = claims_per_tick() if limit is None else limit
     with transaction.atomic():
         taken = fibers_take_orphaned(limit=limit)
     for fiber_id in taken:

@@ -148,7 +148,7 @@ def conversation_clear_recovering(*, conversation_id: int) -> bool:
 # --------------------------------------------------------------------------------------------------------
 
 
-def recovery_sweep(*, limit: int = 100) -> dict[str, int]:
+def recovery_sweep(*, limit: int | None = None) -> dict[str, int]:
     """What the beat tick does, once: claim expired fibers and due alarms, hand them out; the counts."""
     return tasks.recovery_tick(limit=limit)
 

@@ -24,11 +24,13 @@ def register_tick_sweep(name: str, sweep: Callable[[], int]) -> None:
 
 
 @shared_task(name="think.recovery_tick", ignore_result=True)
-def recovery_tick(limit: int = 100) -> dict[str, int]:
-    """Claim expired fibers and due alarms (one short SKIP LOCKED transaction) and hand each out."""
-    from .detection import fibers_requeue_stale, tick_claim
+def recovery_tick(limit: int | None = None) -> dict[str, int]:
+    """Claim expired fibers and due alarms (one short SKIP LOCKED transaction, at most `limit` fibers:
+    THINK["RECOVERY_CLAIMS_PER_TICK"] by default) and hand each out."""
+    from .detection import claims_per_tick, fibers_requeue_stale, tick_claim
     from .heartbeat import beat_touch
 
+    limit = claims_per_tick() if limit is None else limit
     claims = tick_claim(limit=limit)
     beat_touch()
     requeued = fibers_requeue_stale(limit=limit)

@@ -179,6 +179,10 @@ if os.environ.get("THINK_CANCEL_SIGNALS") == "0":  # behind PgBouncer in transac
     THINK["CANCEL_SIGNALS"] = False
 if os.environ.get("THINK_LIVENESS_SESSIONS") == "0":  # the lease alone detects a dead worker (same reason)
     THINK["LIVENESS_SESSIONS"] = False
+# Admission limits and the recovery batch (README's table; bench/overload.py sets them for its stack).
+for _key in ("MAX_QUEUED_TURNS", "PRINCIPAL_MAX_ACTIVE_TURNS", "RECOVERY_CLAIMS_PER_TICK"):
+    if os.environ.get(f"THINK_{_key}"):
+        THINK[_key] = int(os.environ[f"THINK_{_key}"])
 
 from recovery.schedules import beat_schedule  # noqa: E402
 

@@ -129,6 +129,7 @@ class AcceptedTurn:
     dropped: bool = False  # the "drop" policy refused it while another turn was busy
     superseded: tuple[str, ...] = ()  # queued turns the "latest" policy cancelled for this one
     refused: str = ""  # why it was refused (a new message over the limits, a full queue); nothing stored
+    ahead: int = 0  # turns of the conversation queued or running before it ("queue" policy): it waits
 
 
 def turn_accept(
@@ -168,6 +169,7 @@ def turn_accept(
         conversation.last_terminal = None
         conversation.save(update_fields=["last_body", "last_client_tools", "last_terminal", "updated_at"])
         snapshot = turn_snapshot(conversation=conversation, request_id=request.id, continuation=False)
+        ahead = busy.count()
         fiber = fiber_create(
             conversation_id=conversation_id,
             request_id=request.id,
@@ -176,7 +178,7 @@ def turn_accept(
         )
         principal_turn_counted(conversation.owner)
         transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
-    return AcceptedTurn(fiber.pk, request.id, superseded=superseded)
+    return AcceptedTurn(fiber.pk, request.id, superseded=superseded, ahead=ahead)
 
 
 def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: str) -> None:

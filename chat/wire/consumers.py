@@ -17,13 +17,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from recovery.fibers import conversation_busy, fiber_request_cancel
+from recovery.fibers import conversation_busy, fiber_request_cancel, fiber_waiting
 from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from ..access import Credentials, conversation_open
 from ..agents import agent_class, conversation_name_problem
-from ..conf import frame_limits
+from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import stream_for_request
@@ -58,6 +58,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         # Streams followed live: request id -> [when to look them up if nothing comes, the wait].
         self.following: dict[str, list[float]] = {}
         self.order = asyncio.Lock()  # live frames, replays and fills go out one at a time, in seq order
+        self.start_watches: set[asyncio.Task[None]] = set()  # accepted turns not known to have started
         self.limits, self.bucket, self.throttled = frame_limits(), frame_bucket(), False
         subprotocols = list(self.scope.get("subprotocols") or [])
         await self.accept(subprotocols[0] if subprotocols else None)
@@ -103,6 +104,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         # A closed socket never stops a turn: the worker keeps streaming to the group and the database.
         silence.unwatch(self)
+        for watch in self.start_watches:
+            watch.cancel()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
             await connection_leave(self.channel_name)
@@ -167,6 +170,25 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
         transcript = await database_sync_to_async(_transcript)(self.conversation_id)
         await self._group_broadcast(transcript, exclude=[self.channel_name])
+        if accepted.ahead:  # it runs after the turns before it
+            await self._tell_queued(p.chat_queued_frame(frame.id, p.QUEUED_BEHIND_TURNS, accepted.ahead))
+        else:
+            watch = asyncio.create_task(self._watch_start(frame.id, accepted.fiber_id))
+            self.start_watches.add(watch)
+            watch.add_done_callback(self.start_watches.discard)
+
+    async def _watch_start(self, request_id: str, fiber_id: Any) -> None:
+        """Tell the clients that the turn waits for a worker if none took it within QUEUED_NOTICE_MS."""
+        await asyncio.sleep(float(think_setting("QUEUED_NOTICE_MS")) / 1000)
+        # Not on the consumers' one database thread: under a burst it holds every accept in a row, and
+        # the notice would come when the wait is over (bench/overload.py: 52 of 500 told, on time).
+        if await database_sync_to_async(fiber_waiting, thread_sensitive=False)(fiber_id):
+            await self._tell_queued(p.chat_queued_frame(request_id, p.QUEUED_FOR_WORKER))
+
+    async def _tell_queued(self, frame: str) -> None:
+        """The sender straight away (the channel layer may drop under load), the other tabs through it."""
+        await self.send(frame)
+        await self._group_broadcast(frame, exclude=[self.channel_name])
 
     async def on_cancel(self, frame: p.Cancel) -> None:
         running = await database_sync_to_async(fiber_request_cancel)(

@@ -25,6 +25,10 @@ TOOL_RESULT = "cf_agent_tool_result"
 TOOL_APPROVAL = "cf_agent_tool_approval"
 MESSAGE_UPDATED = "cf_agent_message_updated"
 CHAT_RECOVERING = "cf_agent_chat_recovering"
+# thinkproject's own: a turn accepted but waiting (docs/protocol.md); clients without it ignore it.
+CHAT_QUEUED = "cf_agent_chat_queued"
+QUEUED_BEHIND_TURNS = "conversation"  # behind `position` turns of its own conversation
+QUEUED_FOR_WORKER = "workers"  # no worker has taken it yet (every slot busy, or the broker queue is long)
 IDENTITY = "cf_agent_identity"
 
 ROLES = frozenset({"user", "assistant", "system"})
@@ -426,6 +430,15 @@ def stream_pending_frame(request_id: str | None = None, probe_id: str | None = N
         frame["id"] = request_id
     if probe_id is not None:
         frame["probeId"] = probe_id
+    return dumps(frame)
+
+
+def chat_queued_frame(request_id: str, reason: str, position: int | None = None) -> str:
+    """Turn `request_id` was accepted but cannot start yet (`reason`: QUEUED_BEHIND_TURNS, with the
+    `position` of turns ahead of it, or QUEUED_FOR_WORKER); its stream's first chunk ends the wait."""
+    frame: dict[str, Any] = {"type": CHAT_QUEUED, "id": request_id, "reason": reason}
+    if position is not None:
+        frame["position"] = position
     return dumps(frame)
 
 

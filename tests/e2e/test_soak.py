@@ -9,16 +9,9 @@ scripted model, daphne, beat and one worker.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
-
-import psycopg
 import pytest
-from django.conf import settings
 
-from tests.support import ROOT
+from tests.e2e.benchrun import run_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -27,31 +20,8 @@ ROUNDS = 10
 
 
 def test_a_short_seeded_soak_loses_nothing() -> None:
-    params = settings.DATABASES["default"]
-    name = f"thinkproject_soak_{uuid.uuid4().hex[:8]}"
-    server = f"{params['USER']}@{params['HOST']}:{params['PORT'] or 5432}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "THINK_TEST_"))}
-    env["BENCH_DATABASE_URL"] = f"postgres://{server}/{name}"
-    try:
-        result = subprocess.run(
-            [sys.executable, "soak.py", "--rounds", str(ROUNDS), "--seed", str(SEED), "--budget", "90"],
-            cwd=ROOT / "bench",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=540,
-        )
-    finally:
-        with psycopg.connect(
-            dbname="postgres",
-            user=params["USER"],
-            host=params["HOST"],
-            port=params["PORT"] or 5432,
-            autocommit=True,
-        ) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    report = result.stdout + result.stderr
-    assert result.returncode == 0, report
+    args = ["--rounds", str(ROUNDS), "--seed", str(SEED), "--budget", "90"]
+    report = run_bench("soak.py", args, database="thinkproject_soak", timeout=540)
     assert f"rounds: {ROUNDS}" in report and "lost turns: 0" in report, report
     assert "duplicated chunks: 0" in report and "stuck turns: 0" in report, report
     kills = next(line for line in report.splitlines() if line.startswith("kills: "))

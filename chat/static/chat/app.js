@@ -94,6 +94,7 @@
     pendingId: null,
     pendingTimer: null,
     recovering: false,
+    queued: null, // {id, reason, position}: an accepted turn that waits (cf_agent_chat_queued)
     renderQueued: false,
     answered: new Set(), // client tool calls this page already answered
     drafts: new Map(), // tool call id -> the answer typed so far
@@ -172,6 +173,7 @@
     for (const stream of state.streams.values()) stream.done = true;
     setPending(false);
     state.recovering = false;
+    state.queued = null;
     hideError();
   }
 
@@ -415,6 +417,7 @@
     const stream = ensureStream(frame.id);
     if (stream.done) return; // stragglers after done, cancel or clear
     setPending(false);
+    if (state.queued && state.queued.id === frame.id && (hasContent || frame.done)) state.queued = null;
     stream.live = true;
     if (frame.continuation) stream.continuation = true;
     if (hasContent && !isDuplicate(stream, frame)) {
@@ -498,6 +501,22 @@
     scheduleRender();
   }
 
+  // A turn of ours (or the one we are parked on) that the server accepted but cannot start yet: behind
+  // other turns of the conversation, or waiting for a free worker. Shown until its first chunk.
+  function onQueued(frame) {
+    if (typeof frame.id !== "string") return;
+    const stream = state.streams.get(frame.id);
+    const ours = stream ? !stream.done && stream.seq < 0 && !stream.messageId : state.pendingId === frame.id;
+    if (ours) state.queued = { id: frame.id, reason: frame.reason, position: frame.position };
+  }
+
+  function queuedLabel(id) {
+    const queued = state.queued;
+    if (!queued || queued.id !== id) return null;
+    const ahead = Number.isInteger(queued.position) && queued.position > 0 ? ` (${queued.position} ahead)` : "";
+    return queued.reason === "workers" ? "queued: waiting for a worker…" : `queued${ahead}…`;
+  }
+
   function setRecovering(on) {
     state.recovering = on;
   }
@@ -511,6 +530,7 @@
     cf_agent_stream_resume_none: onResumeNone,
     cf_agent_stream_pending: (f) => setPending(true, f.id),
     cf_agent_chat_recovering: (f) => setRecovering(Boolean(f.recovering)),
+    cf_agent_chat_queued: onQueued,
     cf_agent_chat_clear: clearLocal,
   };
 
@@ -844,7 +864,7 @@
     if (status === "idle") return "idle";
     const stream = activeStream();
     if (stream && stream.stopping) return "stopping…";
-    if (!stream || !stream.messageId) return "waiting for the model…";
+    if (!stream || !stream.messageId) return queuedLabel(stream ? stream.id : state.pendingId) || "waiting for the model…";
     return "streaming…";
   }
 

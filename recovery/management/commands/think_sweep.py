@@ -18,7 +18,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--limit", type=positive_int, default=100, metavar="N", help="claim at most N of each"
+            "--limit",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help="claim at most N of each (default: THINK['RECOVERY_CLAIMS_PER_TICK'])",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,0 +1,126 @@
+"""A turn accepted but unable to start tells its clients so (cf_agent_chat_queued, docs/protocol.md):
+at once when it waits behind a turn of its own conversation, after THINK["QUEUED_NOTICE_MS"] when no
+worker has taken it, and never when a worker took it in time.
+
+The consumer runs in-process on the real channel layer and database; nothing reaches the broker
+(the turns are recorded instead), so no worker ever claims them unless a test does it by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from django.conf import settings as django_settings
+
+from chat.checks import check_think_settings
+from chat.wire import protocol as p
+from recovery.models import Fiber
+from tests.chat.sockets import Frame, connected, new_name, receive_until
+from tests.support import chat_request, user_message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOTICE_MS = 300
+
+
+@pytest.fixture
+def quiet_broker(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """The turns sent to the workers, recorded instead of reaching the broker."""
+    import chat.transcript.turns
+
+    sent: dict[str, list[Any]] = {"turns": []}
+    monkeypatch.setattr(chat.transcript.turns, "turn_send", sent["turns"].append)
+    return sent
+
+
+@pytest.fixture(autouse=True)
+def quick_notice(settings: Any) -> None:
+    settings.THINK = {**django_settings.THINK, "QUEUED_NOTICE_MS": NOTICE_MS}
+
+
+def queued(request_id: str) -> Any:
+    return lambda frame: frame["type"] == p.CHAT_QUEUED and frame.get("id") == request_id
+
+
+async def frames_for(communicator: Any, seconds: float) -> list[Frame]:
+    """Every frame the client gets within `seconds`."""
+    frames: list[Frame] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        # receive_output's timeout would end the application: ask for nothing first.
+        if await communicator.receive_nothing(timeout=0.05):
+            continue
+        message = await communicator.receive_output(timeout=1)
+        frames.append(json.loads(message["text"]))
+    return frames
+
+
+async def claim_by_hand(request_id: str) -> None:
+    """What a worker's claim does to the fiber, as far as the notice can tell (once it exists)."""
+    running = Fiber.objects.filter(request_id=request_id)
+    for _ in range(100):
+        if await database_sync_to_async(running.update)(status=Fiber.Status.RUNNING):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no fiber for {request_id}")
+
+
+async def test_a_turn_no_worker_takes_is_reported_waiting_for_a_worker(quiet_broker: Any) -> None:
+    async with connected(new_name()) as client:
+        await client.send_to(text_data=chat_request("r-first", [user_message("hello")]))
+        started = asyncio.get_running_loop().time()
+        frames = await receive_until(client, queued("r-first"), timeout=5)
+        waited = asyncio.get_running_loop().time() - started
+    frame = frames[-1]
+    assert frame == {"type": p.CHAT_QUEUED, "id": "r-first", "reason": "workers"}
+    assert waited >= NOTICE_MS / 1000 * 0.9, "not before the notice delay"
+    assert len(quiet_broker["turns"]) == 1, "the turn was accepted and sent"
+
+
+async def test_a_turn_behind_another_of_its_conversation_is_reported_at_once(
+    quiet_broker: Any, settings: Any
+) -> None:
+    settings.THINK = {**settings.THINK, "QUEUED_NOTICE_MS": 2000}  # "at once" is well before it
+    first, second = user_message("one"), user_message("two")
+    async with connected(new_name()) as client:
+        await client.send_to(text_data=chat_request("r-1", [first]))
+        await claim_by_hand("r-1")  # running: the second one waits for it
+        await client.send_to(text_data=chat_request("r-2", [first, second]))
+        frames = await receive_until(client, queued("r-2"), timeout=1.0)
+        later = await frames_for(client, 2.5)
+    assert frames[-1] == {"type": p.CHAT_QUEUED, "id": "r-2", "reason": "conversation", "position": 1}
+    assert not [f for f in frames + later if f["type"] == p.CHAT_QUEUED and f["id"] == "r-1"], (
+        "a turn a worker took in time is never reported queued"
+    )
+
+
+async def test_every_tab_of_the_conversation_hears_it(quiet_broker: Any) -> None:
+    name = new_name()
+    async with connected(name) as sender, connected(name) as other:
+        await sender.send_to(text_data=chat_request("r-tabs", [user_message("hello")]))
+        await receive_until(sender, queued("r-tabs"), timeout=5)
+        frames = await receive_until(other, queued("r-tabs"), timeout=5)
+    assert frames[-1]["reason"] == "workers"
+
+
+async def test_a_refused_request_is_not_reported_queued(quiet_broker: Any, settings: Any) -> None:
+    settings.THINK = {**settings.THINK, "MAX_QUEUED_TURNS": 1}
+    first, second = user_message("one"), user_message("two")
+    async with connected(new_name()) as client:
+        await client.send_to(text_data=chat_request("r-1", [first]))
+        await receive_until(client, queued("r-1"), timeout=5)
+        await client.send_to(text_data=chat_request("r-2", [first, second]))
+        frames = await frames_for(client, NOTICE_MS / 1000 * 2)
+    refusal = [f for f in frames if f["type"] == p.USE_CHAT_RESPONSE and f["id"] == "r-2"]
+    assert refusal and refusal[0]["error"] and "already queued" in refusal[0]["body"]
+    assert not [f for f in frames if f["type"] == p.CHAT_QUEUED and f["id"] == "r-2"]
+
+
+def test_the_notice_delay_is_a_positive_number(settings: Any) -> None:
+    settings.THINK = {**settings.THINK, "QUEUED_NOTICE_MS": 0}
+    assert [m.id for m in check_think_settings()] == ["think_chat.E005"]
