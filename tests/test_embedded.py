@@ -153,11 +153,8 @@ def test_a_killed_redis_restarts_empty_on_its_port(run_dir: Path) -> None:
         server.stop()
 
 
-def test_run_gives_the_command_the_urls_passes_sigterm_on_and_stops_the_servers(
-    run_dir: Path, nothing_configured: None
-) -> None:
-    """`python -m thinkproject.embedded run -- COMMAND`, as `make run` uses it."""
-    out = run_dir / "child.out"
+def start_wrapped(run_dir: Path, out: Path, stderr: int) -> subprocess.Popen[str]:
+    """The wrapper around a command that writes its two URLs to `out`, then on a SIGTERM 'got 15'."""
     child = (
         "import os, signal, sys, time\n"
         "def bye(signum, frame):\n"
@@ -166,13 +163,21 @@ def test_run_gives_the_command_the_urls_passes_sigterm_on_and_stops_the_servers(
         f"open({str(out)!r}, 'w').write(os.environ['DATABASE_URL'] + ' ' + os.environ['REDIS_URL'] + '\\n')\n"
         "time.sleep(60)\n"
     )
-    wrapper = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "thinkproject.embedded", "run", "--dir", str(run_dir), "--"]
         + [sys.executable, "-c", child],
         cwd=ROOT,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
+
+
+def test_run_gives_the_command_the_urls_passes_sigterm_on_and_stops_the_servers(
+    run_dir: Path, nothing_configured: None
+) -> None:
+    """`python -m thinkproject.embedded run -- COMMAND`, as `make run` uses it."""
+    out = run_dir / "child.out"
+    wrapper = start_wrapped(run_dir, out, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: out.exists() and out.read_text().strip(), 60, "the command to start")
         db_url, redis_url = out.read_text().split()
@@ -189,6 +194,33 @@ def test_run_gives_the_command_the_urls_passes_sigterm_on_and_stops_the_servers(
     assert not (run_dir / "services.env").exists()
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(redis_url, socket_connect_timeout=1).ping()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_sigkilled_wrapper_takes_its_servers_and_its_command_with_it(
+    run_dir: Path, nothing_configured: None
+) -> None:
+    """No Ctrl-C, no SIGTERM, no finally: the kernel stops the servers and the command (and the
+    Postgres running as nobody, as root) when the wrapper is SIGKILLed."""
+    out = run_dir / "child.out"
+    wrapper = start_wrapped(run_dir, out, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: out.exists() and out.read_text().strip(), 60, "the command to start")
+        postgres = int((run_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+        redis_url = out.read_text().split()[1]
+        redis_pid = redis.Redis.from_url(redis_url).info("server")["process_id"]
+        assert alive(postgres) and alive(redis_pid)
+    finally:
+        wrapper.kill()
+        wrapper.wait(10)
+    try:
+        wait_until(lambda: not alive(postgres) and not alive(redis_pid), 30, "the servers to stop")
+        wait_until(lambda: "got" in out.read_text(), 10, "the command to get its SIGTERM")
+        assert out.read_text().splitlines()[-1] == f"got {signal.SIGTERM}"
+    finally:  # on a failure, leave nothing running
+        for pid in (postgres, redis_pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the check is for root, whose Postgres runs as nobody")

@@ -28,8 +28,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -146,6 +147,33 @@ def _wait(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[byte
     raise RuntimeError(f"{what} did not answer in {timeout:.0f} s; its log, {log}:\n{_tail(log)}")
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def dies_with_starter(sig: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel send `sig` to the child when the thread that started it dies,
+    however it dies (a SIGKILL included): a private server outlives neither `make run`'s wrapper nor
+    the pytest session that started it. Linux only (elsewhere None: a SIGKILLed starter leaves its
+    servers running, as docs/embedded.md says).
+
+    The kernel ties the signal to the starting *thread*, so it is armed only for a start from the main
+    thread (a restart from a worker thread, as the fault tests do, would otherwise die with that
+    thread). Subprocess applies `user=` before calling this, and a change of user would clear it."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    starter = os.getpid()
+
+    def arm() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != starter:  # the starter died before the signal was armed
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
 def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
@@ -159,6 +187,8 @@ class PrivateServer:
     directory: Path
     port: int = 0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # What the server gets when its starter dies (dies_with_starter): its own clean-stop signal.
+    stop_signal: signal.Signals = field(default=signal.SIGTERM, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -177,6 +207,7 @@ class PrivateServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=dies_with_starter(self.stop_signal),
                 **kwargs,
             )
 
@@ -192,7 +223,8 @@ class PrivateServer:
             self.proc.kill()
             self.proc.wait(10)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+    def stop(self, sig: int | None = None, timeout: float = 15) -> None:
+        sig = self.stop_signal if sig is None else sig
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(sig)
@@ -209,7 +241,8 @@ class PrivatePostgres(PrivateServer):
     it confirmed (the OS has them), a crashed machine would not."""
 
     def __init__(self, directory: Path, *, port: int = 0, durable: bool = True) -> None:
-        super().__init__("postgres", directory, port)
+        # Fast shutdown (SIGINT): open sessions are ended, the data is checkpointed.
+        super().__init__("postgres", directory, port, stop_signal=signal.SIGINT)
         self.durable = durable
         self.data_dir = directory / "pgdata"
         self.bin_dir = postgres_bin_dir()
@@ -312,10 +345,6 @@ class PrivatePostgres(PrivateServer):
             return True
         except psycopg.OperationalError:
             return False
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 15) -> None:
-        """Fast shutdown (SIGINT): open sessions are ended, the data is checkpointed."""
-        super().stop(sig, timeout)
 
 
 class PrivateRedis(PrivateServer):
@@ -425,7 +454,12 @@ def run(command: list[str], directory: Path = RUN_DIR) -> int:
         if services.env:
             directory.mkdir(parents=True, exist_ok=True)
             env_file.write_text("".join(f"{k}={v}\n" for k, v in services.env.items()))
-        child = subprocess.Popen(command, env={**os.environ, **services.env}, process_group=0)
+        child = subprocess.Popen(
+            command,
+            env={**os.environ, **services.env},
+            process_group=0,
+            preexec_fn=dies_with_starter(signal.SIGTERM),  # a SIGKILLed wrapper stops honcho too
+        )
 
         def forward(signum: int, frame: FrameType | None) -> None:
             with contextlib.suppress(ProcessLookupError):
