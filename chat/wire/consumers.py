@@ -147,6 +147,21 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def on_chatrequest(self, frame: p.ChatRequest) -> None:
         agent = agent_class(self.agent_name)
+        # The notice's clock starts at receipt: under a burst the accept itself waits behind the other
+        # consumers' calls on the process's one database thread (bench/overload.py).
+        started: asyncio.Future[Any] = asyncio.get_running_loop().create_future()  # fiber id, or None
+        watch = asyncio.create_task(self._watch_start(frame.id, started))
+        self.start_watches.add(watch)
+        watch.add_done_callback(self.start_watches.discard)
+        try:
+            await self._accept_turn(frame, agent, started)
+        finally:
+            if not started.done():  # not a turn that should start now: nothing more to tell
+                started.set_result(None)
+
+    async def _accept_turn(
+        self, frame: p.ChatRequest, agent: type[Any], started: asyncio.Future[Any]
+    ) -> None:
         accepted = await database_sync_to_async(turn_accept)(
             conversation_id=self.conversation_id,
             request=frame,
@@ -173,13 +188,18 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if accepted.ahead:  # it runs after the turns before it
             await self._tell_queued(p.chat_queued_frame(frame.id, p.QUEUED_BEHIND_TURNS, accepted.ahead))
         else:
-            watch = asyncio.create_task(self._watch_start(frame.id, accepted.fiber_id))
-            self.start_watches.add(watch)
-            watch.add_done_callback(self.start_watches.discard)
+            started.set_result(accepted.fiber_id)
 
-    async def _watch_start(self, request_id: str, fiber_id: Any) -> None:
-        """Tell the clients that the turn waits for a worker if none took it within QUEUED_NOTICE_MS."""
+    async def _watch_start(self, request_id: str, started: asyncio.Future[Any]) -> None:
+        """Tell the clients that the turn waits if QUEUED_NOTICE_MS after its request came nothing of
+        it was sent: for the server while it is still being accepted, then for a worker while no
+        worker has taken it."""
         await asyncio.sleep(float(think_setting("QUEUED_NOTICE_MS")) / 1000)
+        if not started.done():  # the sender only: the other tabs have not been shown the request yet
+            await self.send(p.chat_queued_frame(request_id, p.QUEUED_FOR_SERVER))
+        fiber_id = await started
+        if fiber_id is None or request_id in self.sent_seq:
+            return
         # Not on the consumers' one database thread: under a burst it holds every accept in a row, and
         # the notice would come when the wait is over (bench/overload.py: 52 of 500 told, on time).
         if await database_sync_to_async(fiber_waiting, thread_sensitive=False)(fiber_id):

@@ -29,6 +29,7 @@ CHAT_RECOVERING = "cf_agent_chat_recovering"
 CHAT_QUEUED = "cf_agent_chat_queued"
 QUEUED_BEHIND_TURNS = "conversation"  # behind `position` turns of its own conversation
 QUEUED_FOR_WORKER = "workers"  # no worker has taken it yet (every slot busy, or the broker queue is long)
+QUEUED_FOR_SERVER = "server"  # the web process has not finished accepting it (busy with other requests)
 IDENTITY = "cf_agent_identity"
 
 ROLES = frozenset({"user", "assistant", "system"})
@@ -434,8 +435,9 @@ def stream_pending_frame(request_id: str | None = None, probe_id: str | None = N
 
 
 def chat_queued_frame(request_id: str, reason: str, position: int | None = None) -> str:
-    """Turn `request_id` was accepted but cannot start yet (`reason`: QUEUED_BEHIND_TURNS, with the
-    `position` of turns ahead of it, or QUEUED_FOR_WORKER); its stream's first chunk ends the wait."""
+    """Turn `request_id` cannot start yet (`reason`: QUEUED_BEHIND_TURNS, with the `position` of turns
+    ahead of it; QUEUED_FOR_WORKER; QUEUED_FOR_SERVER, still being accepted); its stream's first chunk,
+    or its end, ends the wait."""
     frame: dict[str, Any] = {"type": CHAT_QUEUED, "id": request_id, "reason": reason}
     if position is not None:
         frame["position"] = position

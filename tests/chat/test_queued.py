@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -124,3 +125,32 @@ async def test_a_refused_request_is_not_reported_queued(quiet_broker: Any, setti
 def test_the_notice_delay_is_a_positive_number(settings: Any) -> None:
     settings.THINK = {**settings.THINK, "QUEUED_NOTICE_MS": 0}
     assert [m.id for m in check_think_settings()] == ["think_chat.E005"]
+
+
+async def test_a_request_still_being_accepted_is_reported_waiting_for_the_server(
+    quiet_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a burst the accept itself waits (the consumers' one database thread): the notice's clock
+    runs from the request, so a slow accept is told as "server", then "workers" once it is accepted
+    and still no worker has it."""
+    import chat.wire.consumers
+
+    accept = chat.wire.consumers.turn_accept
+    accepted_at: list[float] = []
+
+    def slow_accept(**kwargs: Any) -> Any:
+        time.sleep(NOTICE_MS / 1000 * 3)
+        try:
+            return accept(**kwargs)
+        finally:
+            accepted_at.append(time.monotonic())
+
+    monkeypatch.setattr(chat.wire.consumers, "turn_accept", slow_accept)
+    async with connected(new_name()) as client:
+        await client.send_to(text_data=chat_request("r-slow", [user_message("hello")]))
+        first = await receive_until(client, queued("r-slow"), timeout=5)
+        told_at = time.monotonic()
+        later = await receive_until(client, queued("r-slow"), timeout=5)
+    assert first[-1] == {"type": p.CHAT_QUEUED, "id": "r-slow", "reason": "server"}
+    assert told_at < accepted_at[0], "told while it was being accepted"
+    assert later[-1] == {"type": p.CHAT_QUEUED, "id": "r-slow", "reason": "workers"}

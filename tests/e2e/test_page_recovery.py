@@ -53,11 +53,13 @@ def test_the_page_shows_a_turn_queued_until_its_first_chunk(recovery_stack: Any,
     """No worker is up when the page sends: the server says the turn waits (cf_agent_chat_queued) and
     the page shows "queued…"; once a worker starts and the first chunk arrives, it streams."""
     page = open_page(browser, recovery_stack.port, f"page-{uuid.uuid4().hex[:8]}")
-    # Every status label the page shows, with whether the answer had begun to show at that moment.
+    # Every status label the page shows, with whether the answer had begun to show at that moment: both
+    # read off the screen (the state runs a frame ahead of the rendering, which happens on the next
+    # animation frame).
     page.evaluate(
         "window.__labels = [];"
-        " setInterval(() => { const text = window.thinkChat.messages().some(m => m.role === 'assistant'"
-        " && m.parts.some(p => p.text)); window.__labels.push([document.getElementById('status')"
+        " setInterval(() => { const text = [...document.querySelectorAll('.message-assistant')]"
+        ".some(m => /[0-9]/.test(m.textContent)); window.__labels.push([document.getElementById('status')"
         ".textContent, text]); }, 20);"
     )
     page.fill("#message-input", "count to 20 [rate 20]")
