@@ -137,12 +137,14 @@ async def test_a_recovered_turn_killed_again_rejoins_again(
     recovery_stack: Any, scripted_model: ScriptedModelServer
 ) -> None:
     """The continuation records its own progress in the same generation: a second kill, in the middle
-    of the rejoined stream, rejoins it once more, further on."""
+    of the rejoined stream, rejoins it once more, further on. The generation (400 tokens at 15 a second)
+    outlasts a worker's start-up, which took 12 s on a slow machine: a rejoin after the provider has
+    finished gets the rest at once, and there would be no middle to kill."""
     created = scripted_model.responses_created
     worker = recovery_stack.start_worker()
     name = f"reattach-twice-{uuid.uuid4().hex[:8]}"
     async with ChatClient(recovery_stack.port, name, agent=AGENT) as client:
-        await client.send(chat_request("first", [user_message("count to 400 [rate 40]")]))
+        await client.send(chat_request("first", [user_message("count to 400 [rate 15]")]))
         log = await follow_conversation(client, until=lambda log: len(log.stream("first").chunks) >= 15)
         worker.kill(signal.SIGKILL)
         worker = await asyncio.to_thread(recovery_stack.start_worker)
