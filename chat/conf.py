@@ -44,6 +44,9 @@ DEFAULTS: dict[str, Any] = {
     # daphne's 1 MiB message limit, and small enough that a client echoing it in a chat request stays
     # under MAX_FRAME_BYTES.
     "TRANSCRIPT_WINDOW_BYTES": 256_000,
+    # The largest WebSocket message the server sends: daphne's (autobahn's) limit, 1 MiB by default; a
+    # frame over it is sent smaller (chat.wire.oversize) instead of closing the socket with 1011.
+    "MAX_SEND_BYTES": 1_048_576,
     "MAX_QUEUED_TURNS": 10,  # turns waiting behind a busy one, per conversation ("queue" policy)
     # A chat request whose turn no worker has taken this long after it was accepted gets a
     # cf_agent_chat_queued frame (every worker slot busy); one queued behind a turn of its conversation

@@ -133,6 +133,13 @@ def explode(tag: str) -> None:
     raise RuntimeError("the tool exploded")
 
 
+@tool(parameters={**TAGGED, "properties": {**TAGGED["properties"], "size": {"type": "integer"}}})
+def bulky(tag: str, size: int) -> str:
+    """An output of `size` characters in one word (a frame too large to send whole)."""
+    _ran(tag)
+    return "x" * size
+
+
 @tool(parameters=TAGGED, needs_approval=True)
 def delete_file(tag: str) -> str:
     """A dangerous tool: a human approves each call."""
@@ -145,7 +152,7 @@ class ToolAgent(Think):
     (a window to kill the worker in); `ask_user` calls interrupted mid-way become a text part."""
 
     chat_recovery = ChatRecovery(max_attempts=5, stable_timeout_ms=1500, no_progress_timeout_ms=60_000)
-    tools = [add, lookup, explode, delete_file]
+    tools = [add, lookup, explode, delete_file, bulky]
 
     async def on_step_finish(self, step: StepResult) -> None:
         if self.name.startswith("hold-") and step.tool_calls:

@@ -56,6 +56,9 @@ THINK = {
 for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S", "LIVENESS_POLL_MS"):
     if os.environ.get(f"THINK_TEST_{_key}"):
         THINK[_key] = float(os.environ[f"THINK_TEST_{_key}"])
+# A daphne of a test may send smaller frames (tests/e2e/test_long_conversation.py).
+if os.environ.get("THINK_TEST_MAX_SEND_BYTES"):
+    THINK["MAX_SEND_BYTES"] = int(os.environ["THINK_TEST_MAX_SEND_BYTES"])
 ROOT_URLCONF = "tests.urls"
 SECRET_KEY = "tests-only"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -194,14 +194,24 @@ _COALESCED = {
 }
 
 
+# The most text one delta chunk carries. A flush may gather half a megabyte of deltas, and JSON escapes
+# (a newline is 3 bytes once the chunk sits in its frame) could take one frame past daphne's 1 MiB, which
+# closes the socket with 1011; 64,000 characters stay under 400 KB whatever they are.
+DELTA_PIECE_CHARS = 64_000
+
+
 def coalesce(chunks: list[Chunk]) -> list[Chunk]:
     """Consecutive deltas of one part become one chunk (its text is theirs, joined): what a client
-    folds from them is the same message, and there is one chunk to store and one frame to send."""
+    folds from them is the same message, and there is one chunk to store and one frame to send.
+    No delta chunk comes out with more than DELTA_PIECE_CHARS of text: a longer one is cut in pieces."""
     merged: list[Chunk] = []
     for chunk in chunks:
         rule = _COALESCED.get(chunk.get("type"))  # type: ignore[arg-type]
-        if rule is not None and merged:
-            key, text = rule
+        if rule is None:
+            merged.append(chunk)
+            continue
+        key, text = rule
+        if merged:
             last = merged[-1]
             if (
                 last.get("type") == chunk.get("type")
@@ -209,9 +219,17 @@ def coalesce(chunks: list[Chunk]) -> list[Chunk]:
                 and len(last) == len(chunk)  # no other field (providerMetadata) that a merge would lose
                 and isinstance(last.get(text), str)
                 and isinstance(chunk.get(text), str)
+                and len(last[text]) + len(chunk[text]) <= DELTA_PIECE_CHARS
             ):
                 merged[-1] = {**last, text: last[text] + chunk[text]}
                 continue
+        value = chunk.get(text)
+        if isinstance(value, str) and len(value) > DELTA_PIECE_CHARS:
+            merged.extend(
+                {**chunk, text: value[start : start + DELTA_PIECE_CHARS]}
+                for start in range(0, len(value), DELTA_PIECE_CHARS)
+            )
+            continue
         merged.append(chunk)
     return merged
 

@@ -34,6 +34,7 @@ from . import protocol as p
 from . import silence
 from .broadcast import group_name, release_parked
 from .limits import frame_bucket
+from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
 
@@ -48,6 +49,16 @@ SENT_SEQ_MEMORY = 32
 class ChatConsumer(AsyncWebsocketConsumer):
     conversation_id: int
     group: str
+    send_limit: int = SEND_LIMIT_BYTES
+
+    async def send(  # type: ignore[override]
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
+        """Every frame leaves here: one over the server's message limit is sent smaller (chat.wire.oversize)
+        instead of making daphne close the socket with 1011."""
+        if text_data is not None and not fits(text_data, self.send_limit):
+            text_data = fit_frame(text_data, self.send_limit)
+        await super().send(text_data, bytes_data, close)
 
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
@@ -60,6 +71,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.order = asyncio.Lock()  # live frames, replays and fills go out one at a time, in seq order
         self.start_watches: set[asyncio.Task[None]] = set()  # accepted turns not known to have started
         self.limits, self.bucket, self.throttled = frame_limits(), frame_bucket(), False
+        self.send_limit = think_setting("MAX_SEND_BYTES")
         subprotocols = list(self.scope.get("subprotocols") or [])
         await self.accept(subprotocols[0] if subprotocols else None)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +19,15 @@ import websockets
 from asgiref.sync import sync_to_async
 
 from chat.transcript.selectors import messages_list
-from tests.support import TEST_PRINCIPAL, ChatClient, auth_headers, chat_request, numbers, user_message
+from tests.support import (
+    TEST_PRINCIPAL,
+    ChatClient,
+    auth_headers,
+    chat_request,
+    numbers,
+    start_daphne,
+    user_message,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -155,3 +164,62 @@ async def test_a_chat_request_over_the_frame_limit_is_refused_with_a_reason(stac
         log = await client.follow("big", timeout=30)
     assert log.done is not None and log.errors == ["Invalid chat request: frame is larger than 1000000 bytes"]
     assert await sync_to_async(stored_ids)(name) == [f"h{i}" for i in range(LONG)], "nothing stored"
+
+
+SMALL_SEND_LIMIT = 120_000
+
+
+@pytest.fixture
+def small_frames(stack: Any, log_dir: Any) -> Iterator[int]:
+    """A daphne of the shared stack whose largest WebSocket message is 120,000 bytes (THINK
+    MAX_SEND_BYTES), so a tool output and a transcript of ordinary size are over it; the shared worker
+    runs its turns."""
+    daphne, port = start_daphne({**stack.env, "THINK_TEST_MAX_SEND_BYTES": str(SMALL_SEND_LIMIT)}, log_dir)
+    yield port
+    daphne.stop()
+
+
+async def test_frames_over_the_send_limit_go_out_smaller_and_the_socket_stays_open(small_frames: int) -> None:
+    """A 150,000-character tool output is one chunk: its live frame is over the limit, so it goes out
+    as a transient placeholder with its seq (chat.wire.oversize) while the stored message keeps it whole.
+    The model repeats it as one 150,000-character word: its delta leaves in pieces of at most 64,000
+    characters (chat.turn.chunking.coalesce). The transcript after the turn is over the limit too, and
+    carries the message cut for display. Sent whole, any of them would make daphne close with 1011."""
+    size = 150_000
+    name = new_name()
+    prompt = f'[tool bulky {{"tag": "{name}", "size": {size}}}]'
+    async with ChatClient(small_frames, name, agent="tool-agent") as client:
+        await first_transcript(client)
+        await client.send(chat_request("bulky", [user_message(prompt, "u-bulky")]))
+        try:
+            log = await client.follow("bulky", timeout=60)
+            transcript = await client.recv_type("cf_agent_chat_messages", timeout=30)
+        except websockets.ConnectionClosed as closed:
+            pytest.fail(f"the socket closed with {closed.rcvd.code if closed.rcvd else None} mid-stream")
+        sizes = [
+            len(json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode())
+            for frame in client.frames
+        ]
+    assert max(sizes) <= SMALL_SEND_LIMIT, max(sizes)
+    assert log.done is not None and log.done.get("outcome") == "completed", log.done
+    kinds = [chunk["type"] for _, chunk in log.chunks]
+    omitted = [(seq, chunk) for seq, chunk in log.chunks if chunk["type"] == "data-think-omitted"]
+    assert len(omitted) == 1 and omitted[0][1]["data"]["reason"] == "too_large", kinds
+    assert "tool-output-available" not in kinds, "the oversized output went out whole"
+    assert log.seqs == list(range(len(log.chunks))), "the placeholder kept its place in the stream"
+    deltas = [chunk["delta"] for _, chunk in log.chunks if chunk["type"] == "text-delta"]
+    assert log.text == f"Tool bulky returned: {'x' * size}"
+    assert max(len(delta) for delta in deltas) <= 64_000 and len(deltas) >= 3
+    stored = (await sync_to_async(messages_list)(conversation_id=await sync_to_async(conversation_of)(name)))[
+        -1
+    ]
+    tool_part = next(part for part in stored["parts"] if part["type"] == "tool-bulky")
+    assert tool_part["state"] == "output-available" and tool_part["output"] == "x" * size, "stored whole"
+    shown = transcript["messages"][-1]
+    assert shown["id"] == stored["id"] and "thinkTruncated" in shown["metadata"], "shown cut for display"
+
+
+def conversation_of(name: str) -> int:
+    from chat.models import Conversation
+
+    return Conversation.objects.get(name=name).pk
