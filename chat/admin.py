@@ -22,6 +22,7 @@ from recovery.models import Fiber
 from .models import Conversation, Message, PrincipalUsage, Submission
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
+from .turn.stop import stop_conversation
 
 PRE = '<pre style="white-space: pre-wrap; margin: 2px 0 6px">{}</pre>'
 
@@ -150,7 +151,7 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
     ]
     readonly_fields = ["created_at", "updated_at", "transcript"]
     inlines = [MessageInline]
-    actions = ["force_recover", "give_up", "clear_recovering"]
+    actions = ["stop_everything", "force_recover", "give_up", "clear_recovering"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         open_incidents = Q(incidents__status__in=operations.OPEN_INCIDENTS)
@@ -167,6 +168,19 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
     @admin.display(description="transcript (as the model and clients see it)")
     def transcript(self, obj: Conversation) -> SafeString:
         return transcript_html(messages_list(conversation_id=obj.pk))
+
+    @admin.action(description="Stop everything (turns, queue, approvals, recovery)", permissions=["operate"])
+    def stop_everything(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
+        reports = self.run_each(request, queryset.values_list("pk", flat=True), stop_conversation)
+        turns = sum(len(r.request_ids) for r in reports)
+        calls = sum(len(r.tool_calls) for r in reports)
+        incidents = sum(len(r.incidents) for r in reports)
+        self.message_user(
+            request,
+            f"Stopped {len(reports)} conversation(s): {turns} turn(s), {calls} waiting tool call(s), "
+            f"{incidents} open incident(s).",
+            messages.SUCCESS,
+        )
 
     @admin.action(description="Force recovery now", permissions=["operate"])
     def force_recover(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:

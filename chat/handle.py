@@ -33,6 +33,7 @@ from .transcript.turns import (
 
 if TYPE_CHECKING:
     from .agents import ChunkCallback, Think
+    from .transcript.stop import StopReport
     from .transcript.submissions import SubmitResult
 
 
@@ -206,6 +207,21 @@ class AgentHandle:
         """achat() for synchronous callers (a view, a management command, a Celery task)."""
 
         return runtime.run(self.achat(messages, on_chunk=on_chunk, timeout=timeout))
+
+    def stop_conversation(self) -> StopReport:
+        """Stop everything of this conversation in one transaction: the running turn (its partial kept,
+        settled), queued turns, open submissions, approvals and client tool calls still waiting
+        (settled as cancelled) and open recovery incidents; every tab is told. The next message runs
+        as new work."""
+        from .turn.stop import stop_conversation
+
+        return stop_conversation(self.conversation_id)
+
+    async def astop_conversation(self) -> StopReport:
+        """stop_conversation() for async callers."""
+        from .turn.stop import astop_conversation
+
+        return await astop_conversation(self.conversation_id)
 
     # -- durable submissions ----------------------------------------------------------------------------
     def submit_messages(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -102,6 +102,15 @@ def alarm_retry_later(*, alarm_id: int, delay_s: float) -> None:
     Alarm.objects.filter(pk=alarm_id).update(
         status=Alarm.Status.PENDING, due_at=Now() + timedelta(seconds=delay_s), claimed_at=None
     )
+
+
+def alarms_cancel(*, conversation_id: int, callbacks: Sequence[str]) -> int:
+    """Delete an owner's pending alarms of these callbacks (a stop: none of them may fire); how many.
+    One already claimed runs on, and its callback finds its work closed."""
+    deleted, _ = Alarm.objects.filter(
+        conversation_id=conversation_id, callback__in=list(callbacks), status=Alarm.Status.PENDING
+    ).delete()
+    return deleted
 
 
 def alarms_pending(*, conversation_id: int, callback: str | None = None) -> list[Alarm]:

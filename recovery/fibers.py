@@ -222,6 +222,50 @@ def fibers_fence_out(*, conversation_id: int) -> int:
     )
 
 
+@dataclass(frozen=True)
+class StoppedFiber:
+    """A fiber a stop cancelled, as it was: what its owner must settle (a stream left open by a running
+    or interrupted one; a request a queued one never answered)."""
+
+    fiber_id: Any
+    request_id: str
+    status: str  # before the stop: pending, running or interrupted
+    snapshot: Any
+
+
+def fibers_stop(*, conversation_id: int) -> list[StoppedFiber]:
+    """Cancel every unfinished fiber of an owner (queued, running, or the engine's after an
+    interruption) and fence out whoever holds them; the running ones' workers get the cancel signal
+    when the caller's transaction commits. Call with the owner row locked, inside that transaction.
+
+    Once this commits nothing of them is stored (their segments and finish are fenced), the engine
+    loads none of them, and the conversation is free for new work."""
+    stopping = list(
+        Fiber.objects.select_for_update()
+        .filter(
+            conversation_id=conversation_id,
+            status__in=[Fiber.Status.PENDING, Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED],
+        )
+        .values_list("pk", "request_id", "status", "snapshot")
+    )
+    Fiber.objects.filter(pk__in=[row[0] for row in stopping]).update(
+        status=Fiber.Status.CANCELLED,
+        cancel_requested=True,
+        finished_at=Now(),
+        fencing=F("fencing") + 1,
+        lease_expires_at=None,
+        lease_owner="",
+    )
+    running = [row[0] for row in stopping if row[2] == Fiber.Status.RUNNING]
+    if running:
+        with connection.cursor() as cursor:
+            for fiber_id in running:
+                notify_cancel(cursor, fiber_id)
+    return [
+        StoppedFiber(pk, request_id, status, _json(snapshot)) for pk, request_id, status, snapshot in stopping
+    ]
+
+
 def next_pending_fiber(*, conversation_id: int) -> Any | None:
     """The fiber that should run next in a conversation, if none is running."""
     fibers = Fiber.objects.filter(conversation_id=conversation_id)

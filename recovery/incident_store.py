@@ -33,11 +33,19 @@ def _to_record(row: IncidentRow) -> Incident:
 
 
 def _write(conversation_id: int, incident: Incident) -> None:
+    """Store the record, unless a stop cancelled it: an engine that was handling the turn when the stop
+    committed must not reopen what the stop closed."""
     values = {name: getattr(incident, name) for name in _FIELDS if name != "incident_id"}
     values["reason"] = incident.reason or ""
-    IncidentRow.objects.update_or_create(
-        conversation_id=conversation_id, incident_id=incident.incident_id, defaults=values
-    )
+    with transaction.atomic():
+        rows = IncidentRow.objects.select_for_update().filter(
+            conversation_id=conversation_id, incident_id=incident.incident_id
+        )
+        if rows.filter(status=IncidentRow.Status.CANCELLED).exists():
+            return
+        IncidentRow.objects.update_or_create(
+            conversation_id=conversation_id, incident_id=incident.incident_id, defaults=values
+        )
 
 
 def incident_get(*, conversation_id: int, incident_id: str) -> Incident | None:
@@ -59,6 +67,31 @@ def incidents_expire(*, conversation_id: int, now_ms: int) -> int:
         Q(last_attempt_at__lt=cutoff) | Q(last_attempt_at__isnull=True, first_seen_at__lt=cutoff)
     )
     return stale.update(status=IncidentRow.Status.SKIPPED, reason=EXPIRED, updated_at=timezone.now())
+
+
+def incidents_cancel(*, conversation_id: int, reason: str) -> list[Incident]:
+    """Close every live incident of an owner as cancelled (a stop of the whole conversation): their
+    alarms resume nothing (the owner's callbacks check), and no later write reopens them. The records
+    stay for the audit trail. Call with the owner row locked; the closed records."""
+    live = list(
+        IncidentRow.objects.select_for_update().filter(
+            conversation_id=conversation_id, status__in=LIVE_STATUSES
+        )
+    )
+    closed = [_to_record(row) for row in live]
+    IncidentRow.objects.filter(pk__in=[row.pk for row in live]).update(
+        status=IncidentRow.Status.CANCELLED, reason=reason, updated_at=timezone.now()
+    )
+    return [
+        dataclasses.replace(record, status=IncidentRow.Status.CANCELLED, reason=reason) for record in closed
+    ]
+
+
+def incident_cancelled(*, conversation_id: int, incident_id: str) -> bool:
+    """A stop closed this incident: nothing of it may start."""
+    return IncidentRow.objects.filter(
+        conversation_id=conversation_id, incident_id=incident_id, status=IncidentRow.Status.CANCELLED
+    ).exists()
 
 
 def _budget(record: Incident | None, *, now_ms: int) -> Incident | None:
@@ -117,6 +150,8 @@ def incident_set_status(
             .first()
         )
         if row is None:
+            return None
+        if row.status == IncidentRow.Status.CANCELLED:  # a stop closed it for good (incidents_cancel)
             return None
         row.status = status
         if reason is not None:

@@ -32,7 +32,17 @@ RETRY_AFTER_MAX_S = 60.0
 
 RECOVERY_KINDS = frozenset({"retry", "continue"})
 INCIDENT_STATUSES = frozenset(
-    {"detected", "scheduled", "attempting", "running", "completed", "skipped", "exhausted", "failed"}
+    {
+        "detected",
+        "scheduled",
+        "attempting",
+        "running",
+        "completed",
+        "skipped",
+        "exhausted",
+        "failed",
+        "cancelled",
+    }
 )
 # "running": the continuation (or retry) the recovery started is queued or streaming.
 LIVE_STATUSES = frozenset({"detected", "scheduled", "attempting", "running"})

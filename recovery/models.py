@@ -151,6 +151,9 @@ class Incident(models.Model):
         SKIPPED = "skipped"
         EXHAUSTED = "exhausted"
         FAILED = "failed"
+        # Closed by a stop of the whole conversation (chat.turn.stop): nothing of it may resume, and no
+        # later write of the engine reopens it (recovery.incident_store).
+        CANCELLED = "cancelled"
 
     conversation = models.ForeignKey(OWNER_MODEL, on_delete=models.CASCADE, related_name="incidents")
     incident_id = models.CharField(max_length=600)

@@ -171,7 +171,13 @@ def chain_outcome(*, conversation_id: int, root_request_id: str) -> str | None:
         return "skipped"
     if last.status in FIBER_OUTCOMES:
         return FIBER_OUTCOMES[last.status]
-    # Recovered and nothing followed: given up or declined (a terminal error), or nothing left to do.
+    # Recovered and nothing followed: stopped (aborted), given up or declined (a terminal error), or
+    # nothing left to do.
+    incidents = Incident.objects.filter(
+        conversation_id=conversation_id, recovery_root_request_id=root_request_id
+    )
+    if incidents.filter(status=Incident.Status.CANCELLED).exists():
+        return "aborted"
     exhausted = Incident.objects.filter(
         conversation_id=conversation_id,
         recovery_root_request_id=root_request_id,

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery.fibers import conversation_busy, fiber_create, fibers_supersede_pending, next_pending_fiber
-from recovery.incident_store import incident_mark_running
+from recovery.incident_store import incident_cancelled, incident_mark_running
 from recovery.models import Fiber, FiberQuerySet
 
 from ..conf import frame_limits, think_setting
@@ -33,6 +33,9 @@ from .services import conversation_lock, message_upsert
 from .snapshot import TurnKind, TurnSnapshot
 
 RUN_TURN = "think.run_turn"  # the name of chat.tasks.run_turn, sent by name from here
+# The recovery alarms that start a continuation or a retry (chat.turn.continuation); a stop deletes them.
+CONTINUE_CALLBACK = "chat_recovery_continue"
+RETRY_CALLBACK = "chat_recovery_retry"
 POLL_S = 0.1
 
 Messages = list[dict[str, Any]]
@@ -280,6 +283,9 @@ def turn_start_followup(
         return TurnStart("", "skipped")
     if require_idle and conversation_busy(conversation.pk):
         # Another turn was accepted meanwhile (or a second copy of this alarm already started one).
+        return TurnStart("", "skipped")
+    if incident_id and incident_cancelled(conversation_id=conversation.pk, incident_id=incident_id):
+        # A stop closed the incident (chat.transcript.stop, under this same lock): nothing of it resumes.
         return TurnStart("", "skipped")
     if last_body is not None or last_client_tools is not None:
         conversation.last_body = last_body if last_body is not None else conversation.last_body

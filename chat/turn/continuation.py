@@ -76,6 +76,9 @@ class _Callback:
             await recovery_target().set_recovering(self.conversation.pk, None)
 
     async def run(self) -> None:
+        stored = await self.incident()
+        if stored is not None and stored.status == IncidentRow.Status.CANCELLED:
+            return  # a stop closed it after this alarm was claimed: nothing of it resumes
         try:
             if not await self.agent.handle.await_stable(self.config.stable_timeout_ms / 1000):
                 await self.not_stable()
@@ -141,7 +144,10 @@ class _Callback:
     async def give_up(self, reason: str) -> None:
         """The give-up spine of the callback path, guarded against a second banner."""
         stored = await self.incident()
-        if stored is not None and stored.status == "exhausted":
+        if stored is not None and stored.status in (
+            IncidentRow.Status.EXHAUSTED,
+            IncidentRow.Status.CANCELLED,
+        ):
             return
         root = str(self.data.get("originalRequestId") or (stored.recovery_root_request_id if stored else ""))
         now = recovery_engine.now_ms()

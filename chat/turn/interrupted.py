@@ -37,14 +37,12 @@ from ..transcript.interactions import foreign_updates_apply
 from ..transcript.selectors import conversation_get, messages_list, stream_partial
 from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
-from ..transcript.turns import RUN_TURN, turn_enqueue_pending
+from ..transcript.turns import CONTINUE_CALLBACK, RETRY_CALLBACK, RUN_TURN, turn_enqueue_pending
 from ..transcript.window import transcript_frame
 from ..wire import broadcast
 from ..wire.protocol import recovering_frame, response_frame
 from . import tracing
 
-CONTINUE_CALLBACK = "chat_recovery_continue"
-RETRY_CALLBACK = "chat_recovery_retry"
 DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was declined."
 
 
@@ -230,6 +228,9 @@ def orphan_persist(
     with transaction.atomic():
         Conversation.objects.select_for_update().filter(pk=target.conversation.pk).first()
         conversation = Conversation.objects.get(pk=target.conversation.pk)
+        if not Stream.objects.filter(pk=target.stream.pk, status=Stream.Status.STREAMING).exists():
+            # Settled meanwhile, under this lock: a stop of the conversation stored it (chat.transcript.stop).
+            return messages_list(conversation_id=target.conversation.pk)
         if persist and target.partial.has_content:
             after = target.snapshot.latest_message_id if target.snapshot is not None else None
             message_place(

@@ -30,6 +30,7 @@ from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
 from ..transcript.turns import turn_accept
 from ..transcript.window import Window, transcript_frame
+from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
 from .broadcast import group_name, release_parked
@@ -230,6 +231,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(p.response_frame(frame.id, done=True, outcome="aborted"))
             if not await database_sync_to_async(conversation_busy)(self.conversation_id):
                 await release_parked(self.conversation_id)  # no turn left to wait for
+
+    async def on_stop(self, frame: p.Stop) -> None:
+        """Stop everything of the conversation (chat.turn.stop): every tab hears of it, this one too."""
+        await astop_conversation(self.conversation_id)
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
         result = await database_sync_to_async(tool_result_apply)(

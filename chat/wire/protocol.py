@@ -31,6 +31,10 @@ QUEUED_BEHIND_TURNS = "conversation"  # behind `position` turns of its own conve
 QUEUED_FOR_WORKER = "workers"  # no worker has taken it yet (every slot busy, or the broker queue is long)
 QUEUED_FOR_SERVER = "server"  # the web process has not finished accepting it (busy with other requests)
 IDENTITY = "cf_agent_identity"
+# thinkproject's own: stop everything of the conversation (docs/protocol.md "Stop everything"); the
+# published client's cancel (CHAT_REQUEST_CANCEL) keeps its meaning, one request.
+CHAT_STOP = "cf_agent_chat_stop"
+CHAT_STOPPED = "cf_agent_chat_stopped"
 
 ROLES = frozenset({"user", "assistant", "system"})
 MAX_ID_LENGTH = 255
@@ -71,6 +75,11 @@ class Clear:
 
 
 @dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
 class ResumeRequest:
     probe_id: str | None
 
@@ -103,7 +112,17 @@ class ClientMessages:
     messages: list[dict[str, Any]]
 
 
-Frame = ChatRequest | Cancel | Clear | ResumeRequest | ResumeAck | ToolResult | ToolApproval | ClientMessages
+Frame = (
+    ChatRequest
+    | Cancel
+    | Clear
+    | Stop
+    | ResumeRequest
+    | ResumeAck
+    | ToolResult
+    | ToolApproval
+    | ClientMessages
+)
 
 
 def parse_frame(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Frame | None:
@@ -331,6 +350,7 @@ _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Frame]] = {
     USE_CHAT_REQUEST: _parse_chat_request,
     CHAT_REQUEST_CANCEL: lambda d, _: Cancel(_str_field(d, "id")),
     CHAT_CLEAR: lambda d, _: Clear(),
+    CHAT_STOP: lambda d, _: Stop(),
     STREAM_RESUME_REQUEST: _parse_resume_request,
     STREAM_RESUME_ACK: lambda d, _: ResumeAck(_str_field(d, "id")),
     TOOL_RESULT: _parse_tool_result,
@@ -442,6 +462,12 @@ def chat_queued_frame(request_id: str, reason: str, position: int | None = None)
     if position is not None:
         frame["position"] = position
     return dumps(frame)
+
+
+def chat_stopped_frame(stopped: dict[str, Any]) -> str:
+    """Everything of the conversation was stopped: `stopped` says what (request ids whose streams or
+    queue places ended, submissions, tool calls settled as cancelled, recovery incidents closed)."""
+    return dumps({"type": CHAT_STOPPED, **stopped})
 
 
 def chat_clear_frame() -> str:

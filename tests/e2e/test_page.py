@@ -187,3 +187,32 @@ def test_clear_empties_the_page_and_the_server(stack: Any, browser: Any) -> None
     assert messages_list(conversation_id=conversation.pk) == []
     assert page.inner_text("#recent-list").count(name) == 1, "the conversation is in the list"
     page.close()
+
+
+def test_stop_everything_settles_a_waiting_approval_and_the_button_goes(stack: Any, browser: Any) -> None:
+    """A tool waits for a human: the page offers "Stop everything"; it settles the call as cancelled (in
+    the page and on the server) and the conversation takes the next message."""
+    tag = uuid.uuid4().hex[:8]
+    page = open_page(browser, stack.port, f"tool-agent/page-stop-{tag}")
+    assert page.is_hidden("#stop-all-button")
+    page.fill("#message-input", f'[tool delete_file {{"tag": "{tag}"}}]')
+    page.click("#send-button")
+    page.wait_for_selector("[data-state='approval-requested'] button[data-action='approve']", timeout=15_000)
+    page.wait_for_selector("#stop-all-button:visible", timeout=10_000)
+    page.click("#stop-all-button")
+    page.wait_for_selector("[data-state='output-error']", timeout=10_000)
+    assert page.query_selector("button[data-action='approve']") is None
+    page.wait_for_selector("#stop-all-button", state="hidden", timeout=10_000)
+    from chat.transcript.selectors import conversation_get, messages_list
+    from chat.transcript.stop import STOPPED_TOOL_ERROR
+
+    conversation = conversation_get(agent="tool-agent", name=f"page-stop-{tag}")
+    assert conversation is not None
+    [part] = [
+        p for m in messages_list(conversation_id=conversation.pk) for p in m["parts"] if "toolCallId" in p
+    ]
+    assert (part["state"], part["errorText"]) == ("output-error", STOPPED_TOOL_ERROR)
+    page.fill("#message-input", "count to 3")
+    page.click("#send-button")
+    wait_for_text(page, "1 2 3")
+    page.close()

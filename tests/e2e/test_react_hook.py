@@ -205,6 +205,29 @@ def test_stop_leaves_the_screen_equal_to_the_store_and_a_later_turn_keeps_it(
     settle(lambda: assert_agree(other, name))
 
 
+def test_a_stop_of_everything_from_elsewhere_leaves_the_hook_ready_and_equal_to_the_store(
+    stack: Any, context: Any, bundle: Path
+) -> None:
+    """Stop everything comes from outside the hook (server code, as the admin action and the command do
+    it): the hook's stream ends, it is ready again, its screen equals the store, and it sends on."""
+    from chat.agents import open_agent
+
+    name = new_name("stopall")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "count to 400 [rate 40]")
+    wait_text(page, " 10 ")
+    report = open_agent(AGENT, name).stop_conversation()
+    assert len(report.streams) == 1
+    transcript = finished(page, name)
+    stopped = answer_text(transcript[1])
+    assert expected_prefix(stopped, 400) and 10 <= len(stopped.split()) < 400
+
+    send(page, "count to 5")
+    transcript = finished(page, name, answers=2)
+    assert answer_text(transcript[3]) == numbers(5)
+    assert answer_text(transcript[1]) == stopped
+
+
 def expected_prefix(text: str, n: int) -> bool:
     return numbers(n).startswith(text)
 

@@ -532,6 +532,7 @@
     cf_agent_chat_recovering: (f) => setRecovering(Boolean(f.recovering)),
     cf_agent_chat_queued: onQueued,
     cf_agent_chat_clear: clearLocal,
+    cf_agent_chat_stopped: onStopped,
   };
 
   function handleFrame(frame) {
@@ -804,6 +805,43 @@
     scheduleRender();
   }
 
+  // Stop everything of the conversation (cf_agent_chat_stop): the running turn, queued ones, tools
+  // waiting for a human, a recovery in progress. Every tab gets the ends and cf_agent_chat_stopped.
+  function stopEverything() {
+    for (const stream of state.streams.values()) if (!stream.done) stream.stopping = true;
+    send({ type: "cf_agent_chat_stop" });
+    scheduleRender();
+  }
+
+  function onStopped(frame) {
+    const ids = Array.isArray(frame.requestIds) ? frame.requestIds : [];
+    if (state.queued && ids.includes(state.queued.id)) state.queued = null;
+    if (state.pendingId && ids.includes(state.pendingId)) setPending(false);
+    state.recovering = false;
+  }
+
+  // Tool calls that wait for someone (an approval, a client tool's answer), read once per transcript.
+  let waitingMemo = { version: -1, count: 0 };
+  function waitingToolCalls() {
+    if (waitingMemo.version === state.transcriptVersion) return waitingMemo.count;
+    let count = 0;
+    for (const message of state.messages) {
+      if (message.role !== "assistant") continue;
+      for (const part of message.parts || []) {
+        if (part.state === "approval-requested" || (part.state === "input-available" && part.toolCallId && isToolPart(part))) count++;
+      }
+    }
+    waitingMemo = { version: state.transcriptVersion, count };
+    return count;
+  }
+
+  // "Stop everything" when there is more than the one turn the Stop button ends.
+  function somethingQueued() {
+    let open = 0;
+    for (const stream of state.streams.values()) if (!stream.done) open++;
+    return Boolean(state.queued) || open > 1 || state.recovering || waitingToolCalls() > 0;
+  }
+
   function clearChat() {
     send({ type: "cf_agent_chat_clear" });
     clearLocal();
@@ -1056,6 +1094,7 @@
     const busy = isBusy();
     els.send.disabled = busy || Boolean(state.fatal);
     els.stop.hidden = !(activeStream() || state.pendingId);
+    els.stopAll.hidden = !somethingQueued();
   }
 
   function renderRecent() {
@@ -1135,6 +1174,7 @@
       input: byId("message-input"),
       send: byId("send-button"),
       stop: byId("stop-button"),
+      stopAll: byId("stop-all-button"),
       clear: byId("clear-button"),
     });
     if (!els.agent.options.length) {
@@ -1158,6 +1198,7 @@
       els.composer.requestSubmit();
     });
     els.stop.addEventListener("click", stopTurn);
+    els.stopAll.addEventListener("click", stopEverything);
     els.clear.addEventListener("click", clearChat);
     els.errorDismiss.addEventListener("click", hideError);
     els.messages.addEventListener("click", (event) => {

@@ -1,0 +1,59 @@
+"""Stop everything of a conversation, and tell every tab of it.
+
+The stop itself is one transaction (chat.transcript.stop); once it has committed, each client that
+watched a stopped stream gets that stream's end (outcome "aborted", after its last stored chunk), each
+sender of a queued turn its end, every tab a `cf_agent_chat_stopped` frame saying what was stopped and
+the transcript as stored, and connections parked for a turn that will not come are released. Used by
+the WebSocket consumer, `AgentHandle.stop_conversation()`, the admin action and `manage.py
+stop_conversation`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from recovery import diagnostics, runtime
+from recovery.runtime import db
+
+from ..models import Conversation
+from ..transcript.stop import StopReport, conversation_stop
+from ..transcript.window import transcript_frame
+from ..wire import broadcast
+from ..wire.protocol import chat_stopped_frame, recovering_frame, response_frame
+
+logger = logging.getLogger(__name__)
+
+STOP_EVENT = "chat:conversation:stopped"
+
+
+async def astop_conversation(conversation_id: int) -> StopReport:
+    """Stop the conversation's active turn, queued turns, open submissions, waiting tool calls and open
+    recovery incidents, then tell its clients (see the module docstring)."""
+    report = await db(conversation_stop, conversation_id=conversation_id)
+    for stream in report.streams:
+        frame = response_frame(
+            stream.request_id,
+            done=True,
+            seq=stream.seq,
+            continuation=stream.continuation,
+            outcome="aborted",
+        )
+        await broadcast.publish_stream_end(conversation_id, stream.request_id, stream.seq, frame)
+    for request_id in report.queued:  # whoever sent them stops waiting
+        await broadcast.publish(conversation_id, response_frame(request_id, done=True, outcome="aborted"))
+    if report.recovering:
+        await broadcast.publish(conversation_id, recovering_frame(False))
+    await broadcast.publish(conversation_id, chat_stopped_frame(report.as_dict()))
+    # After the ends, as a turn's own finish does: clients take the stored transcript as the truth.
+    await broadcast.publish(conversation_id, await db(transcript_frame, conversation_id=conversation_id))
+    await broadcast.release_parked(conversation_id)
+    conversation = await db(Conversation.objects.get, pk=conversation_id)
+    diagnostics.emit(STOP_EVENT, report.as_dict(), agent=conversation.agent, name=conversation.name)
+    if report.stopped_anything:
+        logger.info("conversation stopped: %s", report.as_dict(), extra={"conversation_id": conversation_id})
+    return report
+
+
+def stop_conversation(conversation_id: int) -> StopReport:
+    """astop_conversation for synchronous callers (a view, the admin, a management command)."""
+    return runtime.run(astop_conversation(conversation_id))
