@@ -19,7 +19,7 @@ from recovery import operations
 from recovery.admin import OperatorAdmin
 from recovery.models import Fiber
 
-from .models import Conversation, Message, PrincipalUsage, Submission
+from .models import Conversation, Message, PrincipalUsage, Submission, TurnCompletion
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
 from .turn.stop import stop_conversation
@@ -246,6 +246,26 @@ class SubmissionAdmin(OperatorAdmin[Submission]):
     list_filter = ["status", "conversation__agent"]
     list_select_related = ["conversation"]
     search_fields = ["submission_id", "idempotency_key", "request_id", "conversation__name"]
+    date_hierarchy = "created_at"
+    ordering = ["-created_at"]
+
+
+@admin.register(TurnCompletion)
+class TurnCompletionAdmin(OperatorAdmin[TurnCompletion]):
+    """How each turn ended, and whether turn_completed and on_turn_completed have heard of it."""
+
+    list_display = [
+        "request_id",
+        "conversation",
+        "ending",
+        "message_id",
+        "created_at",
+        "delivered_at",
+        "attempts",
+    ]
+    list_filter = ["ending", "conversation__agent"]
+    list_select_related = ["conversation"]
+    search_fields = ["request_id", "last_request_id", "conversation__name"]
     date_hierarchy = "created_at"
     ordering = ["-created_at"]
 

@@ -40,6 +40,7 @@ from .turn.tools import Tool, tool
 
 if TYPE_CHECKING:
     from .handle import AgentHandle
+    from .turn.completion import TurnCompleted
 
 # What a request does while another turn is busy (see chat.transcript.turns.turn_accept).
 MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
@@ -213,6 +214,13 @@ class Think:
         result = handler(ctx) if handler is not None else None
         if inspect.isawaitable(result):
             await result
+
+    def on_turn_completed(self, result: TurnCompleted) -> Any:
+        """A turn of this agent ended (`result.ending`: completed, recovered, exhausted, cancelled, failed,
+        skipped), with its answer as stored: called once per turn after the commit that ended it, on the
+        process that ended it (or the tick's sweep). May be async; a sync one runs in a database thread.
+        What it raises is logged. `chat.signals.turn_completed` carries the same result to receivers."""
+        return None
 
     # -- the running turn and its conversation -----------------------------------------------------------
     @property

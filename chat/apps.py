@@ -14,8 +14,8 @@ class ChatConfig(AppConfig):
         from recovery.tasks import register_tick_sweep
 
         from . import checks  # noqa: F401
-        from .transcript import submissions
-        from .turn import continuation, interrupted
+        from .transcript import completions, submissions
+        from .turn import completion, continuation, interrupted
         from .wire import broadcast
 
         # Every turn's frames of a flusher tick leave for the web processes together.
@@ -23,6 +23,10 @@ class ChatConfig(AppConfig):
         # Durable submissions: the alarm that starts the next one, and the tick's sweep of them.
         register_callback(submissions.DRAIN_CALLBACK, submissions.drain_alarm)
         register_tick_sweep("submissions", submissions.submissions_sweep)
+        # How turns end reaches turn_completed and on_turn_completed: after the commit that recorded it,
+        # on that process; the tick delivers what a dead process left.
+        completions.on_recorded(completion.deliver_soon)
+        register_tick_sweep("completions", completion.completions_sweep)
         # Chat turns are the recovery layer's work: how an interrupted one is read, continued or retried,
         # and how clients hear of the outcome; the continue and retry alarms the engine schedules.
         register_target(interrupted.ChatTarget())

@@ -129,6 +129,48 @@ class Submission(models.Model):
         return f"submission {self.submission_id} ({self.status})"
 
 
+class TurnCompletion(models.Model):
+    """How a turn ended (the turn and every recovery that continued it), written in the transaction
+    that ended it, then delivered once to `chat.signals.turn_completed` and the agent's
+    `on_turn_completed` (chat.turn.completion), on whichever process ended it, or by the tick's sweep
+    when that process died first."""
+
+    class Ending(models.TextChoices):
+        COMPLETED = "completed"  # it finished without an interruption
+        RECOVERED = "recovered"  # it was interrupted, and recovery finished it
+        EXHAUSTED = "exhausted"  # recovery gave up (the terminal message was sent)
+        CANCELLED = "cancelled"  # a cancel, a stop of the conversation, or a clear
+        FAILED = "failed"  # the model or the agent failed it, or recovery was declined
+        SKIPPED = "skipped"  # it never ran to an answer: replaced by a newer request, or moved past
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="completions")
+    request_id = models.CharField(max_length=255)  # the turn's own request id (its recovery chain's root)
+    last_request_id = models.CharField(max_length=255)  # the request that ended it (a recovery's, maybe)
+    ending = models.CharField(max_length=16, choices=Ending.choices)
+    message_id = models.CharField(max_length=255, blank=True, default="")  # its answer, if it stored one
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.IntegerField(default=0)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "request_id"], name="think_turn_completion"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="think_completion_undelivered",
+                condition=models.Q(delivered_at=None),
+            )
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"turn {self.request_id} {self.ending}"
+
+
 class Compaction(models.Model):
     """An overlay that shows a summary in place of a range of messages; the messages themselves stay."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -63,6 +64,26 @@ class RecoveryProbe(Think):
         return ChatRecoveryOptions(
             persist="nopersist" not in self.name, continue_="nocontinue" not in self.name and not stale
         )
+
+
+class CompletionProbe(Assistant):
+    """Records every turn_completed result it gets (on_turn_completed), with the process that ran it."""
+
+    def on_turn_completed(self, result: Any) -> None:
+        seen = {
+            "request_id": result.request_id,
+            "last_request_id": result.last_request_id,
+            "ending": result.ending,
+            "text": result.text,
+            "message_id": (result.message or {}).get("id"),
+            "error": result.error,
+            "pid": os.getpid(),
+        }
+        probe_redis().rpush(probe_key("completed", self.name), json.dumps(seen))
+
+
+def completions_seen(name: str) -> list[dict[str, Any]]:
+    return [json.loads(v) for v in probe_redis().lrange(probe_key("completed", name), 0, -1)]
 
 
 class StallingAgent(Think):

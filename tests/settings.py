@@ -43,6 +43,7 @@ THINK = {
         "flaky-model-agent": "tests.agents.FlakyModelAgent",
         "no-model-recovery-agent": "tests.agents.NoModelRecoveryAgent",
         "tool-agent": "tests.agents.ToolAgent",
+        "completion-probe": "tests.agents.CompletionProbe",
         "stash-agent": "tests.agents.StashAgent",
         "reactive-agent": "tests.agents.ReactiveAgent",
         "proactive-agent": "tests.agents.ProactiveAgent",

@@ -17,6 +17,7 @@ from recovery.fibers import fiber_finish_on
 from recovery.models import Fiber, Stream
 
 from ..models import Conversation, Message, Submission
+from .completions import Ending, completion_record
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 from .quotas import ADD_TOKENS
 from .snapshot import FiberSnapshot
@@ -112,6 +113,7 @@ def turn_finish(
             cursor, fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or ""
         )
         turn = FiberSnapshot.from_json(snapshot).turn
+        _completion_record(conversation_id, request_id, turn, outcome)
         if outcome.message is not None:
             after = turn.latest_message_id if turn is not None else None
             _message_store(cursor, tables, conversation_id, outcome.message, after)
@@ -131,6 +133,24 @@ def turn_finish(
         pending, submissions = cursor.fetchone()
         root = turn.root_request_id if turn is not None else request_id
         transaction.on_commit(lambda: _turn_after(conversation_id, pending, submissions, root))
+
+
+_ENDINGS = {Fiber.Status.COMPLETED: Ending.COMPLETED, Fiber.Status.CANCELLED: Ending.CANCELLED}
+
+
+def _completion_record(conversation_id: int, request_id: str, turn: Any, outcome: TurnOutcome) -> None:
+    """The turn (its chain) ends here: completed, recovered (a recovery's turn), cancelled or failed."""
+    ending = _ENDINGS.get(outcome.status, Ending.FAILED)
+    if ending == Ending.COMPLETED and turn is not None and turn.incident_id:
+        ending = Ending.RECOVERED
+    completion_record(
+        conversation_id=conversation_id,
+        request_id=turn.root_request_id if turn is not None else request_id,
+        last_request_id=request_id,
+        ending=ending,
+        message_id=outcome.message["id"] if outcome.message is not None else None,
+        error=outcome.terminal or "",
+    )
 
 
 def _message_store(

@@ -103,11 +103,24 @@ def transcript_repair_save(
 def conversation_clear(*, conversation_id: int) -> None:
     """Delete the transcript, stream buffers and request context; running turns are fenced out and
     open submissions skipped."""
+    from .completions import Ending, completion_record, root_of
     from .submissions import submissions_skip_all
 
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
+        active = list(
+            Fiber.objects.filter(conversation_id=conversation_id)
+            .active()
+            .values_list("request_id", "snapshot")
+        )
         fibers_fence_out(conversation_id=conversation_id)
+        for request_id, snapshot in active:  # their turns end here, with no answer left to read
+            completion_record(
+                conversation_id=conversation_id,
+                request_id=root_of(request_id, snapshot),
+                last_request_id=request_id,
+                ending=Ending.CANCELLED,
+            )
         submissions_skip_all(conversation_id=conversation_id)
         Message.objects.filter(conversation=conversation).delete()
         Compaction.objects.filter(conversation=conversation).delete()

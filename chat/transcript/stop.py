@@ -23,6 +23,7 @@ from recovery.models import Fiber, Stream
 from recovery.stream import stream_close
 
 from ..models import Message, Submission
+from .completions import Ending, completion_record, root_of
 from .interactions import foreign_updates_apply
 from .repair import is_repairable, is_settled
 from .selectors import stream_partial
@@ -89,7 +90,9 @@ def settle_cancelled(parts: list[dict[str, Any]], settled: list[str]) -> list[di
     return out
 
 
-def _settle_stream(conversation_id: int, fiber: StoppedFiber, settled: list[str]) -> StoppedStream | None:
+def _settle_stream(
+    conversation_id: int, fiber: StoppedFiber, settled: list[str]
+) -> tuple[StoppedStream, str | None] | None:
     """Store what a running or interrupted fiber streamed as its message (settled) and close its stream."""
     stream = (
         Stream.objects.filter(fiber_id=fiber.fiber_id, status=Stream.Status.STREAMING)
@@ -99,6 +102,7 @@ def _settle_stream(conversation_id: int, fiber: StoppedFiber, settled: list[str]
     if stream is None:
         return None
     partial, last_seq = stream_partial(stream)
+    answer = None
     if partial.has_content:
         partial.close_open_parts()
         message = partial.message()
@@ -106,10 +110,11 @@ def _settle_stream(conversation_id: int, fiber: StoppedFiber, settled: list[str]
         turn = FiberSnapshot.from_json(fiber.snapshot).turn
         after = turn.latest_message_id if turn is not None else None
         message_place(conversation_id=conversation_id, message=message, after_message_id=after)
+        answer = message["id"]
     # Results of approved tools the turn ran belong to earlier messages: true, and kept.
     foreign_updates_apply(conversation_id=conversation_id, updates=partial.foreign_tool_updates)
     stream_close(stream_id=stream.pk, status=Stream.Status.COMPLETED)
-    return StoppedStream(stream.request_id, last_seq + 1, stream.is_continuation)
+    return StoppedStream(stream.request_id, last_seq + 1, stream.is_continuation), answer
 
 
 def _settle_waiting_tools(conversation_id: int, settled: list[str]) -> None:
@@ -140,9 +145,16 @@ def conversation_stop(*, conversation_id: int) -> StopReport:
                 else _settle_stream(conversation_id, fiber, settled)
             )
             if stopped is not None:
-                streams.append(stopped)
+                streams.append(stopped[0])
             elif fiber.status != Fiber.Status.INTERRUPTED:  # its sender still waits for an answer
                 queued.append(fiber.request_id)
+            completion_record(
+                conversation_id=conversation_id,
+                request_id=root_of(fiber.request_id, fiber.snapshot),
+                last_request_id=fiber.request_id,
+                ending=Ending.CANCELLED,
+                message_id=stopped[1] if stopped is not None else None,
+            )
         _settle_waiting_tools(conversation_id, settled)
         submissions = []
         for pk, submission_id in (
@@ -153,6 +165,13 @@ def conversation_stop(*, conversation_id: int) -> StopReport:
             if submission_set_status(pk, Submission.Status.ABORTED, STOPPED_SUBMISSION):
                 submissions.append(submission_id)
         incidents = incidents_cancel(conversation_id=conversation_id, reason=STOPPED)
+        for incident in incidents:  # a turn between its interruption and its continuation ends here too
+            completion_record(
+                conversation_id=conversation_id,
+                request_id=incident.recovery_root_request_id,
+                last_request_id=incident.request_id,
+                ending=Ending.CANCELLED,
+            )
         alarms_cancel(
             conversation_id=conversation_id, callbacks=[CONTINUE_CALLBACK, RETRY_CALLBACK, DRAIN_CALLBACK]
         )

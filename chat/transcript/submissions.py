@@ -18,7 +18,6 @@ from django.db.models.functions import Now
 
 from recovery import diagnostics
 from recovery.alarms import alarm_claim, alarm_schedule
-from recovery.fibers import fiber_request_cancel
 from recovery.models import ACTIVE_STATUSES, Fiber
 from recovery.runtime import db
 from recovery.tasks import fire_alarm
@@ -26,7 +25,7 @@ from recovery.tasks import fire_alarm
 from ..exceptions import ConversationBusy, SubmissionConflict, SubmissionNotFound
 from ..models import Conversation, Submission
 from .selectors import chain_outcome
-from .turns import turn_start_programmatic, ui_messages
+from .turns import turn_cancel, turn_start_programmatic, ui_messages
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ def submission_cancel(*, conversation_id: int, submission_id: str) -> bool:
         raise SubmissionNotFound(submission_id)
     if not submission_set_status(row.pk, Submission.Status.ABORTED):
         return False
-    fiber_request_cancel(conversation_id=conversation_id, request_id=row.request_id)
+    turn_cancel(conversation_id=conversation_id, request_id=row.request_id)
     return True
 
 

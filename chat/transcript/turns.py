@@ -18,7 +18,13 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.fibers import conversation_busy, fiber_create, fibers_supersede_pending, next_pending_fiber
+from recovery.fibers import (
+    conversation_busy,
+    fiber_create,
+    fiber_request_cancel,
+    fibers_supersede_pending,
+    next_pending_fiber,
+)
 from recovery.incident_store import incident_cancelled, incident_mark_running
 from recovery.models import Fiber, FiberQuerySet
 
@@ -27,6 +33,7 @@ from ..exceptions import ConversationBusy, ProtocolError
 from ..models import Conversation, Message
 from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
 from .compaction import COMPACTION_PREFIX
+from .completions import Ending, completion_record, root_of
 from .quotas import principal_refusal, principal_turn_counted
 from .selectors import messages_list
 from .services import conversation_lock, message_upsert
@@ -164,7 +171,16 @@ def turn_accept(
             return AcceptedTurn(None, request.id, dropped=True)
         superseded: tuple[str, ...] = ()
         if policy == "latest":
+            waiting = _waiting_turns(conversation_id)
             superseded = fibers_supersede_pending(conversation_id=conversation_id)
+            for request_id in superseded:  # replaced before they ran: those turns end here
+                root = root_of(request_id, waiting.get(request_id))
+                completion_record(
+                    conversation_id=conversation_id,
+                    request_id=root,
+                    last_request_id=request_id,
+                    ending=Ending.SKIPPED,
+                )
         _reconcile(conversation_id, request.messages, request.trigger)
         conversation.last_body = request.extra or None
         if request.client_tools is not None:
@@ -310,6 +326,30 @@ def turn_start_followup(
         incident_mark_running(conversation_id=conversation_id, incident_id=incident_id)
     transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return TurnStart(request_id, "accepted", fiber.pk)
+
+
+def _waiting_turns(conversation_id: int, **only: Any) -> dict[str, Any]:
+    """The queued fibers of a conversation, locked: request id -> snapshot."""
+    waiting = Fiber.objects.select_for_update().filter(
+        conversation_id=conversation_id, status=Fiber.Status.PENDING, **only
+    )
+    return dict(waiting.values_list("request_id", "snapshot"))
+
+
+def turn_cancel(*, conversation_id: int, request_id: str) -> bool:
+    """Cancel a request's turn: a queued one ends now (its end recorded here), a running one is asked to
+    stop (its finish records it). True when a running turn was asked."""
+    with transaction.atomic():
+        waiting = _waiting_turns(conversation_id, request_id=request_id)
+        running = fiber_request_cancel(conversation_id=conversation_id, request_id=request_id)
+        for cancelled, snapshot in waiting.items():
+            completion_record(
+                conversation_id=conversation_id,
+                request_id=root_of(cancelled, snapshot),
+                last_request_id=cancelled,
+                ending=Ending.CANCELLED,
+            )
+    return running
 
 
 def turn_enqueue(*, fiber_id: Any, conversation_id: int) -> None:

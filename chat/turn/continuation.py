@@ -11,12 +11,14 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from django.db import transaction
+
 from recovery import diagnostics, runtime
 from recovery import engine as recovery_engine
 from recovery.alarms import alarm_schedule
 from recovery.exceptions import OperationRefused
 from recovery.fibers import fiber_request_cancel
-from recovery.incident_store import incident_get, incident_save, incident_set_status
+from recovery.incident_store import incident_cancelled, incident_get, incident_save, incident_set_status
 from recovery.incidents import (
     SCHEDULE_STABLE_TIMEOUT,
     STABLE_RETRY_DELAY_S,
@@ -33,6 +35,7 @@ from recovery.targets import recovery_target
 from ..agents import Think, agent_for, recovery_config
 from ..exceptions import UnknownAgent
 from ..models import Conversation
+from ..transcript.completions import Ending, completion_record
 from ..transcript.snapshot import TurnKind, TurnSnapshot
 from ..transcript.turns import turn_start_recovered
 from .interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
@@ -90,8 +93,10 @@ class _Callback:
 
     async def not_stable(self) -> None:
         if await db(self.agent.handle.has_pending_interaction):
-            # Park: a human is pending, which costs no budget; their answer resumes the turn.
+            # Park: a human is pending, which costs no budget; their answer resumes the turn (as a new
+            # one: this turn ends here, with its answer waiting for them).
             await self.set_status("skipped", "awaiting_client_interaction")
+            await self.turn_ended(Ending.RECOVERED)
             return
         incident = await self.incident()
         rescheduled = reschedule_after_stable_timeout(
@@ -117,14 +122,17 @@ class _Callback:
             target = self.data.get("targetAssistantId")
             if target and (leaf is None or leaf["id"] != target):
                 await self.set_status("skipped", "conversation_changed")
+                await self.turn_ended(Ending.SKIPPED)
                 return
             kind = TurnKind.CONTINUE
         else:
             if leaf is None or leaf["role"] != "user":
                 await self.set_status("skipped", "no_unanswered_user_message")
+                await self.turn_ended(Ending.SKIPPED)
                 return
             if self.data.get("targetUserId") and leaf["id"] != self.data["targetUserId"]:
                 await self.set_status("skipped", "conversation_changed")
+                await self.turn_ended(Ending.SKIPPED)
                 return
             kind = TurnKind.RETRY
         started = await db(
@@ -140,6 +148,18 @@ class _Callback:
         )
         if started.status == "skipped":
             await self.set_status("skipped")
+            if not await db(
+                incident_cancelled, conversation_id=self.conversation.pk, incident_id=self.incident_id
+            ):
+                await self.turn_ended(Ending.SKIPPED)  # (a stop recorded its own end)
+
+    async def turn_ended(self, ending: str) -> None:
+        """The turn this recovery was for ends here, without a run of its own."""
+        root = str(self.data.get("originalRequestId") or "")
+        messages = await db(self.agent.handle.messages)
+        leaf = messages[-1] if messages else None
+        answer = leaf["id"] if leaf is not None and leaf["role"] == "assistant" else None
+        await db(_record_end, self.conversation.pk, root, ending, answer)
 
     async def give_up(self, reason: str) -> None:
         """The give-up spine of the callback path, guarded against a second banner."""
@@ -186,6 +206,13 @@ async def settle_recovered_turn(*, conversation: Conversation, incident_id: str,
         await callback.set_status("completed")
     elif outcome in ("error", "aborted"):
         await callback.set_status("failed", f"recovered turn {outcome}")
+
+
+def _record_end(conversation_id: int, root: str, ending: str, message_id: str | None) -> None:
+    with transaction.atomic():
+        completion_record(
+            conversation_id=conversation_id, request_id=root, ending=ending, message_id=message_id
+        )
 
 
 def _recovery_stop(incident: IncidentRow) -> None:

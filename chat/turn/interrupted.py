@@ -31,6 +31,7 @@ from recovery.targets import RecoveryTarget
 
 from ..agents import Think, agent_for, recovery_config
 from ..models import Conversation
+from ..transcript.completions import Ending, completion_record
 from ..transcript.finish import interactions_settle
 from ..transcript.folding import MessageAccumulator
 from ..transcript.interactions import foreign_updates_apply
@@ -266,10 +267,44 @@ def conversation_set_recovering(*, conversation_id: int, request_id: str | None)
     return True
 
 
-def conversation_set_terminal(*, conversation_id: int, request_id: str, body: str) -> None:
-    Conversation.objects.filter(pk=conversation_id).update(
-        last_terminal={"requestId": request_id, "body": body}
-    )
+def conversation_set_terminal(
+    *, conversation_id: int, request_id: str, body: str, completion: tuple[str, str, str | None] | None = None
+) -> None:
+    """Record the terminal outcome; with `completion` (root, ending, answer id), the turn's end too."""
+    with transaction.atomic():
+        Conversation.objects.filter(pk=conversation_id).update(
+            last_terminal={"requestId": request_id, "body": body}
+        )
+        if completion is not None:
+            root, ending, message_id = completion
+            completion_record(
+                conversation_id=conversation_id,
+                request_id=root,
+                last_request_id=request_id,
+                ending=ending,
+                message_id=message_id,
+                error=body,
+            )
+
+
+def _answer_id(work: InterruptedTurn) -> str | None:
+    """The message the dead turn stored (its partial, kept), or the transcript's assistant leaf."""
+    if work.partial.has_content:
+        return work.partial.message_id
+    leaf = work.messages[-1] if work.messages else None
+    return leaf["id"] if leaf is not None and leaf["role"] == "assistant" else None
+
+
+def record_recovered_end(work: InterruptedTurn, ending: str) -> None:
+    """Recovery ends the turn without a run of its own (the stream had finished; nothing to resume)."""
+    with transaction.atomic():
+        completion_record(
+            conversation_id=work.conversation.pk,
+            request_id=work.root_request_id,
+            last_request_id=work.request_id,
+            ending=ending,
+            message_id=_answer_id(work),
+        )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -386,19 +421,25 @@ class ChatTarget(RecoveryTarget):
             await recovery_engine.schedule(work, incident, CONTINUE_CALLBACK, data, delay_s=delay_s)
         elif not options.continue_ and not terminal:
             await recovery_engine.skip(work, incident, "continue_disabled")
-            await self.end(work, request_id=work.request_id, message=DECLINED_MESSAGE)
+            await self.end(work, request_id=work.request_id, message=DECLINED_MESSAGE, ending=Ending.FAILED)
             return
         else:
             await recovery_engine.skip(work, incident, "stream_terminal" if terminal else "not_recoverable")
+            await db(record_recovered_end, work, Ending.RECOVERED if terminal else Ending.SKIPPED)
         await close_orphan_stream(work, outcome="recovering" if should_retry or can_continue else "completed")
 
-    async def end(self, work: Any, *, request_id: str, message: str) -> None:
+    async def end(self, work: Any, *, request_id: str, message: str, ending: str = Ending.EXHAUSTED) -> None:
         """The terminal outcome: stored before any client hears of it (a client that reconnects right
         after the error frame finds it), then the end of the dead stream or an error frame, and a record
-        replayed to clients that connect later. It is never written into the transcript."""
+        replayed to clients that connect later. It is never written into the transcript. The turn ends
+        here (`ending`: recovery gave up, or was declined)."""
         conversation_id = work.conversation.pk
         await db(
-            conversation_set_terminal, conversation_id=conversation_id, request_id=request_id, body=message
+            conversation_set_terminal,
+            conversation_id=conversation_id,
+            request_id=request_id,
+            body=message,
+            completion=(work.root_request_id, ending, _answer_id(work)),
         )
         await close_orphan_stream(work, outcome="error", error=message)
         if not work.stream_was_open:

@@ -17,7 +17,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from recovery.fibers import conversation_busy, fiber_request_cancel, fiber_waiting
+from recovery.fibers import conversation_busy, fiber_waiting
 from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
@@ -28,7 +28,7 @@ from ..exceptions import AccessDenied, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
-from ..transcript.turns import turn_accept
+from ..transcript.turns import turn_accept, turn_cancel
 from ..transcript.window import Window, transcript_frame
 from ..turn.stop import astop_conversation
 from . import protocol as p
@@ -224,7 +224,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self._group_broadcast(frame, exclude=[self.channel_name])
 
     async def on_cancel(self, frame: p.Cancel) -> None:
-        running = await database_sync_to_async(fiber_request_cancel)(
+        running = await database_sync_to_async(turn_cancel)(
             conversation_id=self.conversation_id, request_id=frame.id
         )
         if not running:  # nothing streams for it: end the client's stream ourselves
