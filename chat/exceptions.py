@@ -43,6 +43,10 @@ class SubmissionNotFound(ThinkError, LookupError):
 
 
 # -- the model --------------------------------------------------------------------------------------------
+class BranchNotFound(ThinkError, LookupError):
+    """No such alternative after that message, or the message is not on the branch in use."""
+
+
 class StreamStalled(ThinkError):
     """The model stream was silent for longer than the stall timeout."""
 

@@ -223,6 +223,15 @@ class AgentHandle:
 
         return await astop_conversation(self.conversation_id)
 
+    def switch_branch(self, anchor_message_id: str, index: int) -> bool:
+        """Bring back alternative `index` (0-based, oldest first) of what follows message
+        `anchor_message_id` ("" for the start): a regenerated answer, or what followed a user message
+        before an edit (chat.transcript.branches). False when it was already in use; every tab gets the
+        transcript. Raises BranchNotFound, or ConversationBusy while a turn runs or recovers."""
+        from .turn.branching import switch_branch
+
+        return switch_branch(self.conversation_id, anchor_message_id, index)
+
     # -- durable submissions ----------------------------------------------------------------------------
     def submit_messages(
         self,

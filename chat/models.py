@@ -171,6 +171,27 @@ class TurnCompletion(models.Model):
         return f"turn {self.request_id} {self.ending}"
 
 
+class Branch(models.Model):
+    """A branch of the conversation set aside: the messages that followed `anchor_message_id` on it (a
+    regenerated answer, or what followed a user message before it was edited), with the compactions
+    of their range. The branch in use is the Message table itself (chat.transcript.branches)."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="branches")
+    anchor_message_id = models.CharField(max_length=255, blank=True, default="")  # "": the start
+    messages = models.JSONField(default=list)  # UIMessages with their "createdAt" (ISO), in order
+    compactions = models.JSONField(default=list)
+    # When its first message was created: the alternatives after an anchor are numbered in this order.
+    first_created_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["conversation", "anchor_message_id"], name="think_branch_anchor")]
+        ordering = ["conversation", "first_created_at"]
+
+    def __str__(self) -> str:
+        return f"branch after {self.anchor_message_id or 'the start'} ({len(self.messages)} messages)"
+
+
 class Compaction(models.Model):
     """An overlay that shows a summary in place of a range of messages; the messages themselves stay."""
 

@@ -27,6 +27,27 @@ def drop_run_queue() -> Iterator[None]:
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue, f"{queue}-recovery")
 
 
+@pytest.fixture(autouse=True)
+def live_async_connection(request: pytest.FixtureRequest) -> None:
+    """The thread that runs the tests' sync_to_async calls keeps its Django connection from test to
+    test; a test that ends the backends it opened (tests/operator_support.terminate_new_backends) may
+    end that one too, and the next test to use the thread would fail on it (AdminShutdown). Before each
+    database test, that thread drops a connection that no longer answers, and opens a fresh one on use."""
+    if request.node.get_closest_marker("django_db") is None:
+        return
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    def drop_dead() -> None:
+        for conn in connections.all(initialized_only=True):
+            if conn.connection is not None and not conn.is_usable():
+                conn.close()
+
+    with request.getfixturevalue("django_db_blocker").unblock():
+        # The one thread that runs thread-sensitive sync_to_async calls outside an async_to_sync.
+        SyncToAsync.single_thread_executor.submit(drop_dead).result()
+
+
 @pytest.fixture(scope="session")
 def scripted_model() -> Iterator[ScriptedModelServer]:
     server = ScriptedModelServer(token_rate=0)

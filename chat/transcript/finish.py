@@ -135,12 +135,15 @@ def turn_finish(
         transaction.on_commit(lambda: _turn_after(conversation_id, pending, submissions, root))
 
 
-_ENDINGS = {Fiber.Status.COMPLETED: Ending.COMPLETED, Fiber.Status.CANCELLED: Ending.CANCELLED}
+_ENDINGS: dict[str, str] = {
+    Fiber.Status.COMPLETED: Ending.COMPLETED,
+    Fiber.Status.CANCELLED: Ending.CANCELLED,
+}
 
 
 def _completion_record(conversation_id: int, request_id: str, turn: Any, outcome: TurnOutcome) -> None:
     """The turn (its chain) ends here: completed, recovered (a recovery's turn), cancelled or failed."""
-    ending = _ENDINGS.get(outcome.status, Ending.FAILED)
+    ending = _ENDINGS.get(outcome.status, str(Ending.FAILED))
     if ending == Ending.COMPLETED and turn is not None and turn.incident_id:
         ending = Ending.RECOVERED
     completion_record(

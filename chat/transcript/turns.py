@@ -32,12 +32,14 @@ from ..conf import frame_limits, think_setting
 from ..exceptions import ConversationBusy, ProtocolError
 from ..models import Conversation, Message
 from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
+from .branches import tail_set_aside
 from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
 from .quotas import principal_refusal, principal_turn_counted
 from .selectors import messages_list
 from .services import conversation_lock, message_upsert
 from .snapshot import TurnKind, TurnSnapshot
+from .window import TRUNCATED_KEY
 
 RUN_TURN = "think.run_turn"  # the name of chat.tasks.run_turn, sent by name from here
 # The recovery alarms that start a continuation or a retry (chat.turn.continuation); a stop deletes them.
@@ -74,6 +76,20 @@ def turn_refusal(
             "a turn is queued or running in this conversation; regenerate replaces the last answer, so stop"
             " that turn or wait for it first"
         )
+    edit = _edit_of(conversation_id, request)
+    if edit is not None:
+        problem = None if client_history else client_message_problem(edit[0])
+        if problem is not None:
+            return problem
+        try:
+            check_message_limits(edit[0], limits)
+        except ProtocolError as exc:
+            return str(exc)
+        if busy.exists():
+            return (
+                "a turn is queued or running in this conversation; an edited message starts a new branch"
+                " there, so stop that turn or wait for it first"
+            )
     queued = think_setting("MAX_QUEUED_TURNS")
     if policy == "queue" and busy.filter(status=Fiber.Status.PENDING).count() >= queued:
         return f"{queued} turns are already queued in this conversation; send it when one has run"
@@ -181,7 +197,7 @@ def turn_accept(
                     last_request_id=request_id,
                     ending=Ending.SKIPPED,
                 )
-        _reconcile(conversation_id, request.messages, request.trigger)
+        _reconcile(conversation_id, request.messages, request.trigger, request)
         conversation.last_body = request.extra or None
         if request.client_tools is not None:
             conversation.last_client_tools = request.client_tools
@@ -200,18 +216,45 @@ def turn_accept(
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded, ahead=ahead)
 
 
-def _reconcile(conversation_id: int, incoming: list[dict[str, Any]], trigger: str) -> None:
+def _edit_of(conversation_id: int, request: ChatRequest) -> tuple[dict[str, Any], int] | None:
+    """An edit: a submitted request whose last message is a stored user message with other parts (the
+    AI SDK's `sendMessage({text, messageId})`). That message and its stored position; None otherwise.
+    A message cut for display (its echo differs from what is stored) is never taken for an edit."""
+    if request.trigger != "submit-message" or not request.messages:
+        return None
+    last = request.messages[-1]
+    if last.get("role") != "user" or TRUNCATED_KEY in (last.get("metadata") or {}):
+        return None
+    stored = (
+        Message.objects.filter(conversation_id=conversation_id, message_id=last["id"], role=Message.Role.USER)
+        .values_list("parts", "position")
+        .first()
+    )
+    if stored is None or stored[0] == last.get("parts"):
+        return None
+    return last, stored[1]
+
+
+def _reconcile(
+    conversation_id: int, incoming: list[dict[str, Any]], trigger: str, request: ChatRequest
+) -> None:
     """Merge the client's transcript into ours: the server is authoritative for messages it has.
 
     New messages are appended in order. On regenerate, the client has dropped the last assistant
-    message, so stored messages after the last incoming one that we know are removed.
+    message: what follows the last incoming one we know is set aside as a branch (chat.transcript.
+    branches). An edited user message sets itself and what followed it aside the same way, and the new
+    version takes its place.
     """
     known = _known_positions(conversation_id, incoming)
     if trigger == "regenerate-message":
         anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=None)
         if anchor is None:  # it knows none of ours (a window of one cut message): re-answer the last user's
             anchor = _last_user_position(conversation_id)
-        Message.objects.filter(conversation_id=conversation_id, position__gt=anchor).delete()
+        tail_set_aside(conversation_id=conversation_id, after_position=anchor)
+    edit = _edit_of(conversation_id, request)
+    if edit is not None:
+        tail_set_aside(conversation_id=conversation_id, after_position=edit[1] - 1)
+        known.pop(edit[0]["id"], None)
     for message in incoming:
         # A compaction's summary message is a view, never stored (clients echo it back).
         if message["id"] not in known and not message["id"].startswith(COMPACTION_PREFIX):

@@ -24,6 +24,7 @@ from django.db import connection
 from ..conf import think_setting
 from ..models import Message
 from ..wire.protocol import chat_messages_frame
+from .branches import annotate
 from .compaction import real_message_id
 from .selectors import _ui_message, compacted_spans
 
@@ -113,7 +114,7 @@ def transcript_window(
         taken.append(message)
         used += size
     taken.reverse()
-    return Window(taken, earlier)
+    return Window(annotate(conversation_id, taken, starts_at_beginning=not earlier), earlier)
 
 
 def transcript_frame(*, conversation_id: int) -> str:

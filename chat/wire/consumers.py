@@ -24,12 +24,13 @@ from recovery.stream import stream_chunks
 from ..access import Credentials, conversation_open
 from ..agents import agent_class, conversation_name_problem
 from ..conf import frame_limits, think_setting
-from ..exceptions import AccessDenied, UnknownAgent
+from ..exceptions import AccessDenied, BranchNotFound, ConversationBusy, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
 from ..transcript.turns import turn_accept, turn_cancel
 from ..transcript.window import Window, transcript_frame
+from ..turn.branching import aswitch_branch
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
@@ -235,6 +236,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def on_stop(self, frame: p.Stop) -> None:
         """Stop everything of the conversation (chat.turn.stop): every tab hears of it, this one too."""
         await astop_conversation(self.conversation_id)
+
+    async def on_switchbranch(self, frame: p.SwitchBranch) -> None:
+        """Bring back another branch (chat.transcript.branches); every tab gets the transcript."""
+        try:
+            await aswitch_branch(self.conversation_id, frame.anchor_id, frame.index)
+        except (BranchNotFound, ConversationBusy) as exc:
+            logger.info("branch switch refused: %s", exc, extra=self._log_extra())
+            await self.send(p.branch_refused_frame(frame.anchor_id, frame.index, str(exc)))
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
         result = await database_sync_to_async(tool_result_apply)(

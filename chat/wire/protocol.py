@@ -35,6 +35,9 @@ IDENTITY = "cf_agent_identity"
 # published client's cancel (CHAT_REQUEST_CANCEL) keeps its meaning, one request.
 CHAT_STOP = "cf_agent_chat_stop"
 CHAT_STOPPED = "cf_agent_chat_stopped"
+# thinkproject's own: bring back another branch after a message (docs/protocol.md "Branches").
+CHAT_BRANCH = "cf_agent_chat_branch"
+CHAT_BRANCH_REFUSED = "cf_agent_chat_branch_refused"
 
 ROLES = frozenset({"user", "assistant", "system"})
 MAX_ID_LENGTH = 255
@@ -80,6 +83,12 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class SwitchBranch:
+    anchor_id: str  # the message the alternatives follow ("" for the start)
+    index: int
+
+
+@dataclass(frozen=True)
 class ResumeRequest:
     probe_id: str | None
 
@@ -117,6 +126,7 @@ Frame = (
     | Cancel
     | Clear
     | Stop
+    | SwitchBranch
     | ResumeRequest
     | ResumeAck
     | ToolResult
@@ -346,11 +356,22 @@ def _parse_client_messages(data: dict[str, Any], limits: Limits) -> ClientMessag
     return ClientMessages([validate_ui_message(m) for m in data["messages"]])
 
 
+def _parse_branch(data: dict[str, Any]) -> SwitchBranch:
+    anchor = data.get("anchorId", "")
+    if not isinstance(anchor, str) or len(anchor) > MAX_ID_LENGTH:
+        raise ProtocolError("'anchorId' must be a message id (or empty for the start)")
+    index = data.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ProtocolError("'index' must be a whole number, 0 or more")
+    return SwitchBranch(anchor, index)
+
+
 _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Frame]] = {
     USE_CHAT_REQUEST: _parse_chat_request,
     CHAT_REQUEST_CANCEL: lambda d, _: Cancel(_str_field(d, "id")),
     CHAT_CLEAR: lambda d, _: Clear(),
     CHAT_STOP: lambda d, _: Stop(),
+    CHAT_BRANCH: lambda d, _: _parse_branch(d),
     STREAM_RESUME_REQUEST: _parse_resume_request,
     STREAM_RESUME_ACK: lambda d, _: ResumeAck(_str_field(d, "id")),
     TOOL_RESULT: _parse_tool_result,
@@ -468,6 +489,11 @@ def chat_stopped_frame(stopped: dict[str, Any]) -> str:
     """Everything of the conversation was stopped: `stopped` says what (request ids whose streams or
     queue places ended, submissions, tool calls settled as cancelled, recovery incidents closed)."""
     return dumps({"type": CHAT_STOPPED, **stopped})
+
+
+def branch_refused_frame(anchor_id: str, index: int, reason: str) -> str:
+    """A branch switch the server refused (the sender only): why, for the page to show."""
+    return dumps({"type": CHAT_BRANCH_REFUSED, "anchorId": anchor_id, "index": index, "reason": reason})
 
 
 def chat_clear_frame() -> str:

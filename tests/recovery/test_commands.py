@@ -133,7 +133,14 @@ def test_a_bad_argument_exits_non_zero_with_the_message_on_stderr() -> None:
 def test_sweep_runs_one_tick_and_prints_its_counts(conversation: Conversation, delays: Delays) -> None:
     expired = make_fiber(conversation, Fiber.Status.RUNNING, lease_in=timedelta(minutes=-10))
     out = run("think_sweep")
-    assert out.splitlines() == ["fibers: 1", "alarms: 0", "requeued: 0", "submissions: 0", "Sweep done."]
+    assert out.splitlines() == [
+        "fibers: 1",
+        "alarms: 0",
+        "requeued: 0",
+        "submissions: 0",
+        "completions: 0",
+        "Sweep done.",
+    ]
     assert delays.calls == [str(expired.pk)]
 
 

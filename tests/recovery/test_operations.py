@@ -338,7 +338,7 @@ def test_one_sweep_does_what_the_tick_does_and_returns_its_counts(
     expired = make_fiber(conversation, Fiber.Status.RUNNING, lease_in=EXPIRED_LONG_AGO)
     make_fiber(make_conversation(), Fiber.Status.RUNNING)
     counts = operations.recovery_sweep()
-    assert counts == {"fibers": 1, "alarms": 0, "requeued": 0, "submissions": 0}
+    assert counts == {"fibers": 1, "alarms": 0, "requeued": 0, "submissions": 0, "completions": 0}
     assert delays.calls == [str(expired.pk)]
     assert Fiber.objects.get(pk=expired.pk).status == Fiber.Status.INTERRUPTED
 

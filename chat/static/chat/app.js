@@ -533,6 +533,7 @@
     cf_agent_chat_queued: onQueued,
     cf_agent_chat_clear: clearLocal,
     cf_agent_chat_stopped: onStopped,
+    cf_agent_chat_branch_refused: (f) => showError(`Could not switch branches: ${f.reason}`),
   };
 
   function handleFrame(frame) {
@@ -795,6 +796,28 @@
     return true;
   }
 
+  // Regenerate the last answer: the server keeps the one it replaces as a branch (docs/protocol.md).
+  function regenerate() {
+    if (isBusy() || state.fatal) return;
+    const last = state.messages[state.messages.length - 1];
+    if (!last || last.role !== "assistant") return;
+    const messages = state.messages.slice(0, -1);
+    state.messages = messages;
+    state.transcriptVersion++;
+    const requestId = randomId(8);
+    state.streams.set(requestId, newStream(requestId));
+    hideError();
+    const body = JSON.stringify({ messages, trigger: "regenerate-message", clientTools: CLIENT_TOOLS });
+    send({ type: "cf_agent_use_chat_request", id: requestId, init: { method: "POST", body } });
+    scheduleRender();
+  }
+
+  // Show another branch after a message; the server answers every tab with the transcript.
+  function switchBranch(anchorId, index) {
+    if (isBusy() || state.fatal) return;
+    send({ type: "cf_agent_chat_branch", anchorId, index });
+  }
+
   function stopTurn() {
     const stream = activeStream();
     const id = stream ? stream.id : state.pendingId;
@@ -1025,11 +1048,28 @@
       const node = renderPart(part, index);
       if (node) body.append(node);
     });
+    const note = message.metadata && message.metadata.thinkBranch;
+    const nav =
+      note && note.count > 1
+        ? h(
+            "div",
+            { class: "branch-nav", "data-anchor-id": note.anchorId },
+            h("button", { type: "button", "data-branch": note.index - 1, disabled: note.index <= 0, "aria-label": "previous version" }, "‹"),
+            h("span", { class: "branch-label" }, `${note.index + 1}/${note.count}`),
+            h("button", { type: "button", "data-branch": note.index + 1, disabled: note.index >= note.count - 1, "aria-label": "next version" }, "›"),
+          )
+        : null;
+    const last = state.messages[state.messages.length - 1];
+    const again =
+      role === "assistant" && last && last.id === message.id
+        ? h("button", { type: "button", class: "regenerate secondary", "data-regenerate": "" }, "Regenerate")
+        : null;
     return h(
       "article",
       { class: `message message-${role}`, "data-role": role, "data-message-id": message.id },
-      h("div", { class: "message-role" }, role),
+      h("div", { class: "message-role" }, role, nav),
       body,
+      again,
     );
   }
 
@@ -1067,7 +1107,7 @@
     els.earlier.hidden = !(state.older.length ? state.olderEarlier : state.earlier);
     for (const message of [...state.older, ...state.messages]) {
       if (next.has(message.id)) continue; // a duplicated id would steal its twin's node
-      const sig = JSON.stringify(message);
+      const sig = JSON.stringify(message) + (message === state.messages[state.messages.length - 1] ? "#last" : "");
       let entry = renderCache.get(message.id);
       if (!entry || entry.sig !== sig) {
         const node = renderMessage(message);
@@ -1202,6 +1242,15 @@
     els.clear.addEventListener("click", clearChat);
     els.errorDismiss.addEventListener("click", hideError);
     els.messages.addEventListener("click", (event) => {
+      const branch = event.target.closest(".branch-nav button[data-branch]");
+      if (branch) {
+        switchBranch(branch.closest(".branch-nav").dataset.anchorId, Number(branch.dataset.branch));
+        return;
+      }
+      if (event.target.closest("button[data-regenerate]")) {
+        regenerate();
+        return;
+      }
       const button = event.target.closest("button[data-action]");
       const box = button && button.closest("[data-tool-call-id]");
       if (box) respondToApproval(box.dataset.toolCallId, button.dataset.action === "approve");
