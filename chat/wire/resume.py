@@ -283,7 +283,10 @@ def ack_replay(*, conversation_id: int, request_id: str) -> Replay:
         end = response_frame(request_id, error, done=True, error=True, seq=last + 1)
         return Replay(frames, last + 1, snapshot=snapshot, pages=pages, closing=(end,))
     continuation = stream.is_continuation if stream is not None else False
-    end = response_frame(request_id, done=True, replay=True, continuation=continuation, seq=last + 1)
+    outcome = _stored_outcome(stream) if stream is not None else None
+    end = response_frame(
+        request_id, done=True, replay=True, continuation=continuation, seq=last + 1, outcome=outcome
+    )
     return Replay(frames, last + 1, snapshot=snapshot, pages=pages, closing=(end,))
 
 
@@ -305,6 +308,13 @@ _OUTCOMES: dict[str, str] = {
     Fiber.Status.INTERRUPTED: "recovering",
     Fiber.Status.RECOVERED: "recovering",
 }
+
+
+def _stored_outcome(stream: Stream) -> str | None:
+    """How a finished stream's turn ended, from its fiber's status (None when it has no fiber)."""
+    fibers = Fiber.objects.filter(pk=stream.fiber_id) if stream.fiber_id is not None else Fiber.objects.none()
+    status = fibers.values_list("status", flat=True).first()
+    return _OUTCOMES.get(status) if status is not None else None
 
 
 def stream_tail(*, conversation_id: int, request_id: str, after_seq: int) -> Tail:
@@ -331,10 +341,6 @@ def stream_tail(*, conversation_id: int, request_id: str, after_seq: int) -> Tai
             request_id, error, done=True, error=True, continuation=continuation, seq=seq, outcome="error"
         )
     else:
-        fibers = (
-            Fiber.objects.filter(pk=stream.fiber_id) if stream.fiber_id is not None else Fiber.objects.none()
-        )
-        status = fibers.values_list("status", flat=True).first()
-        outcome = _OUTCOMES.get(status) if status is not None else None
+        outcome = _stored_outcome(stream)
         end = response_frame(request_id, done=True, continuation=continuation, seq=seq, outcome=outcome)
     return Tail(frames, (seq, end), transcript_window(conversation_id=conversation_id))

@@ -40,12 +40,15 @@ def stored(agent: str, name: str) -> list[dict[str, Any]]:
 async def until_stopped(
     client: ChatClient, log: ConversationLog | None = None
 ) -> tuple[ConversationLog, dict[str, Any]]:
-    """Follow the conversation until the stopped frame; the turns seen meanwhile and that frame."""
+    """Follow the conversation until the stopped frame (acknowledging a resume, as the published client
+    does); the turns seen meanwhile and that frame."""
     log = log or ConversationLog()
     while True:
         frame = await client.recv(15)
         if frame["type"] == "cf_agent_chat_stopped":
             return log, frame
+        if frame["type"] == "cf_agent_stream_resuming":
+            await client.send({"type": "cf_agent_stream_resume_ack", "id": frame["id"]})
         if frame["type"] == "cf_agent_use_chat_response":
             log.stream(frame["id"]).record(frame)
 
@@ -78,7 +81,10 @@ async def test_a_stop_from_one_tab_ends_the_stream_in_every_tab_and_the_next_mes
     assert after.done is not None and after.done["outcome"] == "completed" and after.text == "1 2 3"
 
 
-async def test_a_stop_cancels_the_queued_turn_and_the_pending_approval(stack: Any) -> None:
+async def test_a_stop_settles_the_pending_approval_then_cancels_the_queued_turn(stack: Any) -> None:
+    """A tool waits for a human: stop settles it. Then a turn runs with another queued behind it: stop
+    ends the one and cancels the other before it streamed a chunk. (A new message would settle the
+    approval itself, as an interrupted call, so the two cases come one after the other.)"""
     t = f"tag-{uuid.uuid4().hex[:8]}"
     name = f"stopall-{t}"
     async with ChatClient(stack.port, name, "tool-agent") as client:
@@ -87,6 +93,13 @@ async def test_a_stop_cancels_the_queued_turn_and_the_pending_approval(stack: An
         )
         asked = await client.follow("r-ask", timeout=30)
         [approval] = [c for _, c in asked.chunks if c["type"] == "tool-approval-request"]
+        await client.send(STOP)
+        _, settled = await until_stopped(client)
+        assert settled["toolCalls"] == [approval["toolCallId"]] and settled["requestIds"] == []
+        messages = await sync_to_async(stored)("tool-agent", name)
+        [part] = [p for m in messages for p in m["parts"] if p.get("toolCallId") == approval["toolCallId"]]
+        assert (part["state"], part["errorText"]) == ("output-error", STOPPED_TOOL_ERROR)
+
         await client.send(chat_request("r-slow", [user_message("count to 400 [rate 40]")]))
         await client.follow("r-slow", stop_after=3, timeout=30)
         await client.send(chat_request("r-queued", [user_message("count to 5")]))
@@ -94,13 +107,9 @@ async def test_a_stop_cancels_the_queued_turn_and_the_pending_approval(stack: An
         await client.send(STOP)
         log, stopped = await until_stopped(client)
 
-    assert set(stopped["requestIds"]) == {"r-slow", "r-queued"}
-    assert stopped["toolCalls"] == [approval["toolCallId"]]
-    assert log.streams["r-queued"].done is not None and log.streams["r-queued"].done["outcome"] == "aborted"
-    assert not log.streams["r-queued"].chunks, "the queued turn never streamed"
-    messages = await sync_to_async(stored)("tool-agent", name)
-    [part] = [p for m in messages for p in m["parts"] if p.get("toolCallId") == approval["toolCallId"]]
-    assert (part["state"], part["errorText"]) == ("output-error", STOPPED_TOOL_ERROR)
+    assert set(stopped["requestIds"]) == {"r-slow", "r-queued"} and stopped["toolCalls"] == []
+    queued = log.streams["r-queued"]
+    assert queued.done is not None and queued.done["outcome"] == "aborted" and not queued.chunks
     statuses = {f.request_id: f.status async for f in Fiber.objects.filter(conversation__name=name)}
     assert statuses == {"r-ask": "completed", "r-slow": "cancelled", "r-queued": "cancelled"}
 
