@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recovery import runtime
 from recovery.runtime import db
 
 from ..transcript.branches import branch_switch
@@ -21,8 +22,5 @@ async def aswitch_branch(conversation_id: int, anchor_message_id: str, index: in
 
 
 def switch_branch(conversation_id: int, anchor_message_id: str, index: int) -> bool:
-    """aswitch_branch for synchronous callers."""
-    changed = branch_switch(conversation_id=conversation_id, anchor_message_id=anchor_message_id, index=index)
-    if changed:
-        broadcast.publish_sync(conversation_id, transcript_frame(conversation_id=conversation_id))
-    return changed
+    """aswitch_branch for synchronous callers (on the process loop, whatever loop the caller's thread has)."""
+    return runtime.run(aswitch_branch(conversation_id, anchor_message_id, index))

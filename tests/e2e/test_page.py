@@ -216,3 +216,30 @@ def test_stop_everything_settles_a_waiting_approval_and_the_button_goes(stack: A
     page.click("#send-button")
     wait_for_text(page, "1 2 3")
     page.close()
+
+
+def test_regenerate_keeps_the_first_answer_and_the_page_switches_between_them(
+    stack: Any, browser: Any
+) -> None:
+    name = f"page-branch-{uuid.uuid4().hex[:8]}"
+    page = open_page(browser, stack.port, f"assistant/{name}")
+    page.fill("#message-input", "count to 3")
+    page.click("#send-button")
+    wait_for_text(page, "1 2 3")
+    page.wait_for_function("window.thinkChat.status() === 'idle'", timeout=15_000)
+    first = page.evaluate("() => window.thinkChat.messages()[1].id")
+    page.click("button[data-regenerate]")
+    page.wait_for_selector(".branch-nav .branch-label", timeout=30_000)
+    assert page.inner_text(".branch-nav .branch-label") == "2/2"
+    second = page.evaluate("() => window.thinkChat.messages()[1].id")
+    assert second != first
+
+    page.click(".branch-nav button[aria-label='previous version']")
+    page.wait_for_function("(id) => window.thinkChat.messages()[1].id === id", arg=first, timeout=10_000)
+    assert page.inner_text(".branch-nav .branch-label") == "1/2"
+    from chat.transcript.selectors import conversation_get, messages_list
+
+    conversation = conversation_get(agent="assistant", name=name)
+    assert conversation is not None
+    assert [m["id"] for m in messages_list(conversation_id=conversation.pk)][1] == first
+    page.close()

@@ -228,6 +228,54 @@ def test_a_stop_of_everything_from_elsewhere_leaves_the_hook_ready_and_equal_to_
     assert answer_text(transcript[1]) == stopped
 
 
+def test_regenerate_and_edit_keep_branches_and_a_switch_reaches_the_hook(
+    stack: Any, context: Any, bundle: Path
+) -> None:
+    """The hook's own regenerate() and edit (sendMessage with a messageId) keep what they replace as
+    branches; a switch made elsewhere shows in the hook as the transcript it is sent."""
+    from chat.agents import open_agent
+    from chat.models import Branch
+    from chat.transcript.branches import BRANCH_KEY
+
+    name = new_name("branches")
+    page = new_tab(context, stack.port, AGENT, name)
+    send(page, "count to 3")
+    first = finished(page, name)
+
+    def regenerated() -> None:
+        transcript = stored(name)
+        assert len(transcript) == 2 and transcript[1]["id"] != first[1]["id"]
+        assert (hook_messages(page)[1].get("metadata") or {}).get(BRANCH_KEY) == {
+            "anchorId": first[0]["id"],
+            "index": 1,
+            "count": 2,
+        }
+
+    page.evaluate("() => { window.hook.regenerate(); }")
+    settle(regenerated, timeout=30)
+    settled_regeneration = transcript = finished(page, name)
+    assert answer_text(transcript[1]) == "1 2 3"
+
+    def edited() -> None:
+        assert [answer_text(m) for m in stored(name)] == ["count to 4", "1 2 3 4"]
+
+    page.evaluate("([id, text]) => { window.hook.edit(id, text); }", [first[0]["id"], "count to 4"])
+    settle(edited, timeout=30)
+    transcript = finished(page, name)
+    assert [answer_text(m) for m in transcript] == ["count to 4", "1 2 3 4"]
+    assert Branch.objects.filter(conversation__name=name).count() == 2
+
+    regenerated_id = settled_regeneration[1]["id"]
+    conversation = open_agent(AGENT, name)
+    assert conversation.switch_branch("", 0)  # the question before its edit, with the branch it had
+    settle(lambda: assert_agree(page, name))
+    assert [answer_text(m) for m in stored(name)] == ["count to 3", "1 2 3"]
+    assert stored(name)[1]["id"] == regenerated_id, "the answer in use when the question was edited"
+    assert conversation.switch_branch(first[0]["id"], 0)  # and under it, the first answer
+    settle(lambda: assert_agree(page, name))
+    assert stored(name)[1]["id"] == first[1]["id"]
+
+
 def expected_prefix(text: str, n: int) -> bool:
     return numbers(n).startswith(text)
 

@@ -84,6 +84,8 @@ function Chat() {
       error: () => (chat.error ? String(chat.error.message || chat.error) : null),
       turnEnds: () => turnEnds.current.slice(),
       send: (message) => chat.sendMessage({ text: message }),
+      regenerate: () => chat.regenerate(),
+      edit: (messageId, text) => chat.sendMessage({ text, messageId }),
       stop: () => chat.stop(),
       approve,
       clear: () => chat.clearHistory(),
