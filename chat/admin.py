@@ -10,7 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -137,6 +137,8 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
         "is_recovering",
         "open_incidents",
         "progress",
+        "tokens",
+        "cost",
         "updated_at",
     ]
     list_filter = ["agent"]
@@ -155,7 +157,26 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         open_incidents = Q(incidents__status__in=operations.OPEN_INCIDENTS)
-        return super().get_queryset(request).annotate(open_total=Count("incidents", filter=open_incidents))
+        fibers = Fiber.objects.filter(conversation=OuterRef("pk")).values("conversation")
+        spent = fibers.annotate(t=Sum(F("input_tokens") + F("output_tokens"))).values("t")
+        cost = fibers.annotate(c=Sum("cost")).values("c")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                open_total=Count("incidents", filter=open_incidents),
+                tokens_total=Subquery(spent),
+                cost_total=Subquery(cost),
+            )
+        )
+
+    @admin.display(description="tokens (all turns)", ordering="tokens_total")
+    def tokens(self, obj: Conversation) -> int:
+        return int(getattr(obj, "tokens_total", None) or 0)
+
+    @admin.display(description="cost (all turns)", ordering="cost_total")
+    def cost(self, obj: Conversation) -> Any:
+        return getattr(obj, "cost_total", None)
 
     @admin.display(description="recovering", boolean=True)
     def is_recovering(self, obj: Conversation) -> bool:

@@ -36,6 +36,7 @@ from .turn import llm
 from .turn.errors import default_chat_error_classifier
 from .turn.loop import StepResult
 from .turn.overflow import ChatErrorContext, ContextOverflow, Proactive, default_context_overflow_classifier
+from .turn.pricing import ModelPrices
 from .turn.tools import Tool, tool
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ __all__ = [
     "ChatRecovery",
     "ChatRecoveryContext",
     "ChatRecoveryOptions",
+    "ModelPrices",
     "StepResult",
     "Think",
     "Tool",
@@ -129,6 +131,8 @@ class Think:
     max_steps: ClassVar[int] = 10
     #: A request while another turn is busy: "queue" (after it), "latest" (skip older queued ones), "drop".
     message_concurrency: ClassVar[str] = "queue"
+    #: Prices per token of the model (a ModelPrices), for each step's cost; None: litellm's cost map.
+    model_prices: ClassVar[ModelPrices | None] = None
     #: Let clients write any history: system, assistant and tool messages in a chat request are stored
     #: and sent to the model. Off, a client adds user messages only (text, files, data) and a request
     #: with anything else is refused. On, whoever holds the socket can put words in the model's mouth and
@@ -214,6 +218,11 @@ class Think:
         result = handler(ctx) if handler is not None else None
         if inspect.isawaitable(result):
             await result
+
+    def get_model_prices(self) -> ModelPrices | None:
+        """The prices of this agent's model (`model_prices`), for the cost of each step; None: litellm's
+        cost map, which leaves a model it does not know unpriced."""
+        return self.model_prices
 
     def on_turn_completed(self, result: TurnCompleted) -> Any:
         """A turn of this agent ended (`result.ending`: completed, recovered, exhausted, cancelled, failed,

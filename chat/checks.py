@@ -17,6 +17,7 @@ from .access import AccessPolicy
 from .agents import MESSAGE_CONCURRENCY_POLICIES, Think, kebab, plain_attribute
 from .conf import think_setting
 from .turn.overflow import ContextOverflow
+from .turn.pricing import ModelPrices
 from .turn.tools import Tool
 
 POSITIVE_NUMBERS = ("STREAM_SILENCE_MS", "TOKEN_MAX_AGE_S", "MAX_FRAMES_PER_S", "QUEUED_NOTICE_MS")
@@ -229,6 +230,14 @@ def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
         found.append((f"model must be a model string or a dict with 'model', got {model!r}.", "E020", None))
     if not isinstance(cls.system_prompt, str | None):
         found.append((f"system_prompt must be a string or None, got {cls.system_prompt!r}.", "E021", None))
+    if not isinstance(cls.model_prices, ModelPrices | None):
+        found.append(
+            (
+                f"model_prices must be a ModelPrices or None, got {cls.model_prices!r}.",
+                "E024",
+                "ModelPrices(input=Decimal('0.000003'), output=Decimal('0.000015')): prices per token.",
+            )
+        )
     return [(message, f"think_chat.{error_id}", hint) for message, error_id, hint in found]
 
 

@@ -66,6 +66,10 @@ class FiberAdmin(OperatorAdmin[Fiber]):
         "lease_owner",
         "lease_expires_at",
         "fencing",
+        "input_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "cost",
         "age",
     ]
     list_filter = ["status", "kind", "interruption", "conversation__agent"]
@@ -128,6 +132,8 @@ class IncidentAdmin(OperatorAdmin[Incident]):
         "attempts",
         "first_seen",
         "last_attempt",
+        "spent_tokens",
+        "spent_cost",
         "updated_at",
     ]
     list_filter = ["reason", "status", "conversation__agent"]

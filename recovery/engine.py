@@ -54,6 +54,9 @@ def event_payload(incident: Incident) -> dict[str, Any]:
         "attempt": incident.attempt,
         "maxAttempts": incident.max_attempts,
         "recoveryKind": incident.recovery_kind,
+        # What the recovery's interrupted attempts spent (the cost as a string: it is a Decimal).
+        "spentTokens": incident.spent_tokens,
+        "spentCost": str(incident.spent_cost) if incident.spent_cost is not None else None,
     }
 
 
@@ -95,6 +98,7 @@ async def _handle(target: RecoveryTarget, work: Interrupted, *, retry_after_s: f
         config=work.config,
         now_ms=now_ms(),
         awaiting=awaiting,
+        fiber_id=fiber_id,
     )
     incident = evaluation.incident
     tracing.attempt_incident(incident)

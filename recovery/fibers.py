@@ -294,6 +294,28 @@ def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
         raise LeaseLost(f"fiber {fiber_id} fencing {fencing}")
 
 
+def fiber_spend_add(
+    *, fiber_id: Any, fencing: int, input_tokens: int, output_tokens: int, cached_tokens: int, cost: Any
+) -> bool:
+    """Add one model step's spend to the running fiber, fenced; False when it is no longer ours. `cost`
+    None (an unpriced model) leaves the cost as it is."""
+    spend: dict[str, Any] = {
+        "input_tokens": F("input_tokens") + input_tokens,
+        "output_tokens": F("output_tokens") + output_tokens,
+        "cached_tokens": F("cached_tokens") + cached_tokens,
+    }
+    if cost is not None:
+        spend["cost"] = Coalesce(F("cost"), Value(0, output_field=Fiber._meta.get_field("cost"))) + cost
+    running = Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING)
+    return bool(running.update(**spend))
+
+
+def fiber_spend(fiber_id: Any) -> tuple[int, Any]:
+    """What a fiber spent: its tokens (input + output) and its cost (None when unpriced)."""
+    row = Fiber.objects.filter(pk=fiber_id).values_list("input_tokens", "output_tokens", "cost").first()
+    return (0, None) if row is None else (row[0] + row[1], row[2])
+
+
 def fiber_trace_record(*, fiber_id: Any, fencing: int, carrier: dict[str, str]) -> bool:
     """Record the trace context of the fiber's run (TRACE_SLOT), for the spans of its recovery; fenced,
     False when the fiber is no longer ours."""

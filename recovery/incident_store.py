@@ -9,12 +9,14 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .fibers import fiber_spend
 from .incidents import (
     INCIDENT_TTL_MS,
     LIVE_STATUSES,
     ChatRecovery,
     Evaluation,
     Incident,
+    Spend,
     evaluate_incident,
     is_stale,
 )
@@ -111,8 +113,10 @@ def incident_begin(
     config: ChatRecovery,
     now_ms: int,
     awaiting: bool,
+    fiber_id: Any = None,
 ) -> Evaluation:
-    """Open or re-evaluate an incident against the conversation's progress counter, and persist it."""
+    """Open or re-evaluate an incident against the conversation's progress counter, and persist it;
+    `fiber_id`: the interrupted run, whose spend counts when it was one of the recovery's attempts."""
     with transaction.atomic():
         progress = (
             owner_model()
@@ -133,6 +137,7 @@ def incident_begin(
             config=config,
             now_ms=now_ms,
             awaiting=awaiting,
+            spent=Spend(*fiber_spend(fiber_id)) if fiber_id is not None else None,
         )
         _write(conversation_id, evaluation.incident)
     return evaluation

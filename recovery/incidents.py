@@ -12,6 +12,7 @@ import inspect
 import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 DEFAULT_TERMINAL_MESSAGE = "The assistant was interrupted and could not recover. Please try again."
@@ -48,6 +49,9 @@ INCIDENT_STATUSES = frozenset(
 LIVE_STATUSES = frozenset({"detected", "scheduled", "attempting", "running"})
 
 OUT_OF_MEMORY = "out_of_memory"
+# The recovery's spend (the tokens or the cost of the attempts that were themselves interrupted) is over
+# ChatRecovery.max_recovery_tokens or max_recovery_cost.
+COST_BUDGET_EXCEEDED = "cost_budget_exceeded"
 WORK_BUDGET_EXCEEDED = "work_budget_exceeded"
 NO_PROGRESS_TIMEOUT = "no_progress_timeout"
 RECOVERY_ABORTED = "recovery_aborted"
@@ -55,6 +59,7 @@ MAX_ATTEMPTS_EXCEEDED = "max_attempts_exceeded"
 # Precedence order: when several bounds trip in one evaluation, the first one here is the reason.
 EXHAUSTION_REASONS = (
     OUT_OF_MEMORY,
+    COST_BUDGET_EXCEEDED,
     WORK_BUDGET_EXCEEDED,
     NO_PROGRESS_TIMEOUT,
     RECOVERY_ABORTED,
@@ -130,6 +135,11 @@ class ChatRecovery:
     no_progress_timeout_ms: int = 300_000
     max_recovery_work: float = 1000
     max_oom_retries: int = 3
+    # What the recovery may spend, counted over the attempts that were themselves interrupted (the turn
+    # that was first interrupted is not the recovery's): tokens (input + output), and a cost in the
+    # currency of the model's prices (litellm's cost map, or the agent's own). None: no bound.
+    max_recovery_tokens: int | None = None
+    max_recovery_cost: Decimal | None = None
     terminal_message: str = DEFAULT_TERMINAL_MESSAGE
     # Called as a plain function (never bound to the agent), only from the second attempt on.
     should_keep_recovering: Callable[[ProgressContext], bool] | None = None
@@ -146,6 +156,10 @@ class ChatRecovery:
         ):
             object.__setattr__(self, name, _checked_int(name, getattr(self, name), minimum=minimum))
         object.__setattr__(self, "max_recovery_work", _checked_work(self.max_recovery_work))
+        if self.max_recovery_tokens is not None:
+            tokens = _checked_int("max_recovery_tokens", self.max_recovery_tokens, minimum=1)
+            object.__setattr__(self, "max_recovery_tokens", tokens)
+        object.__setattr__(self, "max_recovery_cost", _checked_cost(self.max_recovery_cost))
         _check_terminal_message(self.terminal_message)
         _check_predicate(self.should_keep_recovering)
         _check_on_exhausted(self.on_exhausted)
@@ -177,6 +191,18 @@ def _checked_work(value: object) -> float:
         return _checked_int("max_recovery_work", value, minimum=0)
     except ValueError:
         raise _invalid("max_recovery_work", "an int >= 0 or math.inf", value) from None
+
+
+def _checked_cost(value: object) -> Decimal | None:
+    """A Decimal (or an int) above zero, or None. A float is refused: 0.1 is not a price one can bill."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Decimal | int):
+        raise _invalid("max_recovery_cost", "a Decimal above 0 (Decimal('0.50'), not a float) or None", value)
+    cost = Decimal(value)
+    if not cost.is_finite() or cost <= 0:
+        raise _invalid("max_recovery_cost", "a Decimal above 0 or None", value)
+    return cost
 
 
 def _check_terminal_message(value: object) -> None:
@@ -230,6 +256,22 @@ class Incident:
     progress: int | None = None
     work_baseline: int | None = None
     oom_attempts: int = 0
+    # What the recovery's interrupted attempts spent (ChatRecovery.max_recovery_tokens, max_recovery_cost).
+    spent_tokens: int = 0
+    spent_cost: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What one run of a turn spent on its model, by its completed steps: tokens and cost (None: not
+    priced)."""
+
+    tokens: int = 0
+    cost: Decimal | None = None
+
+    def __add__(self, other: Spend) -> Spend:
+        cost = None if self.cost is None and other.cost is None else (self.cost or 0) + (other.cost or 0)
+        return Spend(self.tokens + other.tokens, Decimal(cost) if cost is not None else None)
 
 
 def incident_id_for(
@@ -302,12 +344,21 @@ def evaluate_incident(
     config: ChatRecovery,
     now_ms: int,
     awaiting: bool,
+    spent: Spend | None = None,
 ) -> Evaluation:
     """Open or re-evaluate an incident on a detection.
 
-    `progress` is the durable progress counter now; `awaiting` is true while a client interaction is pending.
+    `progress` is the durable progress counter now; `awaiting` is true while a client interaction is pending;
+    `spent` is what the interrupted run spent, counted when it was a recovery's attempt (an existing
+    incident), never for the turn that opened it.
     """
     measured = _measure(existing, progress=progress, config=config, now_ms=now_ms, awaiting=awaiting)
+    total = Spend(existing.spent_tokens, existing.spent_cost) if existing is not None else Spend()
+    if existing is not None and spent is not None:
+        total = total + spent
+    over_budget = existing is not None and _over_budget(total, config)
+    if over_budget:
+        measured = replace(measured, tripped=measured.tripped | {COST_BUDGET_EXCEEDED})
     draft = Incident(
         incident_id=incident_id,
         request_id=request_id,
@@ -322,6 +373,8 @@ def evaluate_incident(
         progress=measured.progress,
         work_baseline=measured.work_baseline,
         oom_attempts=measured.oom_attempts,
+        spent_tokens=total.tokens,
+        spent_cost=total.cost,
     )
     aborted, predicate_error = False, None
     # The predicate is never asked on first detection, for a human-in-the-loop turn, or once a bound tripped.
@@ -394,6 +447,16 @@ def _next_attempt(existing: Incident, *, made_progress: bool, now_ms: int) -> in
         return existing.attempt
     # So the (max_attempts + 1)-th spaced-out detection without progress is the one that exhausts.
     return existing.attempt + 1
+
+
+def _over_budget(total: Spend, config: ChatRecovery) -> bool:
+    if config.max_recovery_tokens is not None and total.tokens > config.max_recovery_tokens:
+        return True
+    return (
+        config.max_recovery_cost is not None
+        and total.cost is not None
+        and total.cost > config.max_recovery_cost
+    )
 
 
 def _tripped_bounds(

@@ -9,6 +9,8 @@
 - `think_stream_chunk_latency_seconds`: per flushed batch, how long its oldest chunk waited between the
   model's delta and the publication of its frame (stored first, then published).
 - `think_stream_flush_chunks`: chunks per flushed segment.
+- `think_model_tokens_total{kind}` (input, output, cached) and `think_model_cost_total`: what the model's
+  completed steps used and cost (`chat:step:usage`).
 - `think_lease_expiries_total{status}`: fibers the recovery tick claimed because their lease lapsed:
   `running` (a worker's) or `interrupted` (a recovery handler's deadline).
 
@@ -92,6 +94,14 @@ FLUSH_CHUNKS = Histogram(
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
 )
 
+MODEL_TOKENS = Counter(
+    "think_model_tokens", "Tokens the model's completed steps used, by kind: input, output, cached.", ["kind"]
+)
+MODEL_COST = Counter(
+    "think_model_cost",
+    "Cost of the model's priced steps, in the currency of the prices (litellm's map: US dollars).",
+)
+
 TURN_OUTCOMES = frozenset({"completed", "error", "aborted", "interrupted"})
 RECOVERY_OUTCOMES = frozenset({"completed", "skipped", "failed", "exhausted"})
 RECOVERY_REASONS = frozenset(
@@ -139,10 +149,26 @@ def chat_event_observed(sender: Any, **event: Any) -> None:
     payload: dict[str, Any] = event.get("payload") or {}
     if event_type == "chat:turn:finish":
         turn_finished(str(payload.get("status")))
+    elif event_type == "chat:step:usage":
+        step_spend_observed(payload)
     elif event_type.startswith("chat:recovery:"):
         outcome = event_type.rsplit(":", 1)[1]
         if outcome in RECOVERY_OUTCOMES:
             recovery_ended(outcome, payload.get("reason"))
+
+
+def step_spend_observed(payload: dict[str, Any]) -> None:
+    """One completed model step's usage (`chat:step:usage`); its cost is a decimal string or None."""
+    for kind in ("input", "output", "cached"):
+        tokens = payload.get(f"{kind}Tokens")
+        if isinstance(tokens, int) and tokens > 0:
+            MODEL_TOKENS.labels(kind=kind).inc(tokens)
+    cost = payload.get("cost")
+    if cost is not None:
+        try:
+            MODEL_COST.inc(float(cost))
+        except (TypeError, ValueError):
+            logger.warning("step cost %r is not a number", cost)
 
 
 def flush_observed(*, chunks: int, oldest_age_s: float) -> None:

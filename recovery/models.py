@@ -58,6 +58,12 @@ class Fiber(models.Model):
     # OOM killer), "out_of_memory", "stalled" or "shutdown". Empty for a silent death.
     interruption = models.CharField(max_length=32, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    # What the run spent on its model, by its completed steps (the owner records them, fenced:
+    # recovery.fibers.fiber_spend_add); cost in the currency of the prices used, None when unpriced.
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -170,6 +176,9 @@ class Incident(models.Model):
     progress = models.BigIntegerField(null=True, blank=True)
     work_baseline = models.BigIntegerField(null=True, blank=True)
     oom_attempts = models.IntegerField(default=0)
+    # What the recovery's interrupted attempts spent (ChatRecovery.max_recovery_tokens, max_recovery_cost).
+    spent_tokens = models.BigIntegerField(default=0)
+    spent_cost = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

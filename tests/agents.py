@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from decimal import Decimal
 from typing import Any
 
 import redis
@@ -17,6 +18,7 @@ from chat.agents import (
     ChatRecoveryContext,
     ChatRecoveryOptions,
     ContextOverflow,
+    ModelPrices,
     Proactive,
     StepResult,
     Think,
@@ -84,6 +86,22 @@ class CompletionProbe(Assistant):
 
 def completions_seen(name: str) -> list[dict[str, Any]]:
     return [json.loads(v) for v in probe_redis().lrange(probe_key("completed", name), 0, -1)]
+
+
+class PricedAgent(Assistant):
+    """The scripted model at prices of its own (per token), so a test can check each step's cost."""
+
+    model_prices = ModelPrices(
+        input=Decimal("0.000003"), output=Decimal("0.000015"), cached_input=Decimal("0.0000003")
+    )
+
+
+class BudgetAgent(Assistant):
+    """A recovery budget of 50 tokens; what exhausted it is recorded (record_exhausted)."""
+
+    chat_recovery = ChatRecovery(
+        max_attempts=10, max_recovery_tokens=50, no_progress_timeout_ms=60_000, on_exhausted=record_exhausted
+    )
 
 
 class StallingAgent(Think):

@@ -44,6 +44,8 @@ THINK = {
         "no-model-recovery-agent": "tests.agents.NoModelRecoveryAgent",
         "tool-agent": "tests.agents.ToolAgent",
         "completion-probe": "tests.agents.CompletionProbe",
+        "priced-agent": "tests.agents.PricedAgent",
+        "budget-agent": "tests.agents.BudgetAgent",
         "stash-agent": "tests.agents.StashAgent",
         "reactive-agent": "tests.agents.ReactiveAgent",
         "proactive-agent": "tests.agents.ProactiveAgent",

@@ -95,6 +95,9 @@ the last ``user`` message of the request (0 if there is none); it is streamed wo
 replies (or returned whole when not streaming), is never a continuation, and is recorded in the request
 log like any other request.
 
+``[cached N]`` reports N of the prompt tokens (at most all of them) as read from the prompt cache
+(``usage.prompt_tokens_details.cached_tokens``, Chat Completions only).
+
 Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
 tool call names and arguments count as message characters; ``completion_tokens`` = number of content
 chunks (text or tool-call deltas). The usage chunk (``choices: []``) is sent when the
@@ -162,6 +165,7 @@ OVERFLOW_MESSAGE = context_length_message(*OVERFLOW_WINDOW)
 Json = dict[str, Any]
 
 _COUNT_RE = re.compile(r"\bcount to\s+(\d+)", re.IGNORECASE)
+_CACHED_RE = re.compile(r"\[cached\s+(\d+)\s*\]", re.IGNORECASE)
 _RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
 _STALL_RE = re.compile(r"\[stall after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _FAIL_RE = re.compile(r"\[fail after\s+(\d+)\s+with\s+(\d{3})(\s+always|\s+once)?\s*\]", re.IGNORECASE)
@@ -241,6 +245,7 @@ class Directives:
     reset: Fault | None = None  # the connection is reset mid-response
     no_finish: Fault | None = None  # the stream ends without its finish reason
     eof: Fault | None = None  # the stream ends cleanly mid-reply: no finish reason, no end marker
+    cached: int | None = None  # of the prompt tokens, this many reported as read from the prompt cache
 
     @property
     def default_tool_name(self) -> str | None:
@@ -307,6 +312,7 @@ def parse_directives(text: str) -> Directives:
         _parse_fault(_RESET_RE, text),
         _parse_no_finish(text),
         _parse_fault(_EOF_RE, text),
+        int(cached.group(1)) if (cached := _CACHED_RE.search(text)) else None,
     )
 
 
@@ -539,6 +545,7 @@ class _Reply:
     prompt_tokens: int
     rate: float
     include_usage: bool
+    cached_tokens: int = 0
 
     def chunk(self, delta: Json, finish_reason: str | None = None) -> Json:
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
@@ -546,7 +553,10 @@ class _Reply:
 
     def usage(self, completion_tokens: int) -> Json:
         p, n = self.prompt_tokens, completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        usage: Json = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        if self.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": min(self.cached_tokens, p)}
+        return usage
 
     def envelope(self, kind: str, **fields: Any) -> Json:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, **fields}
@@ -795,7 +805,10 @@ def _new_reply(request: web.Request, body: Json, plan: Plan, prompt_tokens: int)
     rate = plan.directives.rate if plan.directives.rate is not None else state.token_rate
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
     model = str(body.get("model") or MODEL_NAME)
-    return _Reply(f"chatcmpl-scripted-{plan.serial}", model, int(time.time()), prompt_tokens, rate, usage)
+    cached = plan.directives.cached or 0
+    return _Reply(
+        f"chatcmpl-scripted-{plan.serial}", model, int(time.time()), prompt_tokens, rate, usage, cached
+    )
 
 
 def note_request(request: web.Request, body: Json, messages: list[Json]) -> None:

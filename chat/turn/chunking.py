@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from recovery.stream import ChunkPolicy
@@ -39,6 +40,7 @@ class UIChunker:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.step_usage: Usage | None = None
+        self.cost: Decimal | None = None  # the priced steps' cost (chat.turn.pricing), None: none priced
         self._blocks = 0
         self._open: dict[str, str] = {}  # "text" / "reasoning" -> open part id
         self._tool_calls: dict[int, dict[str, Any]] = {}
@@ -80,9 +82,15 @@ class UIChunker:
                     prior.prompt_tokens + event.prompt_tokens,
                     prior.completion_tokens + event.completion_tokens,
                     prior.total_tokens + event.total_tokens,
+                    prior.cached_tokens + event.cached_tokens,
                 )
             )
         return []
+
+    def add_cost(self, cost: Decimal | None) -> None:
+        """A step's cost, for the message's metadata (None: the step was not priced)."""
+        if cost is not None:
+            self.cost = cost if self.cost is None else self.cost + cost
 
     def _delta(self, kind: str, text: str) -> list[Chunk]:
         chunks: list[Chunk] = []
@@ -174,13 +182,15 @@ class UIChunker:
     def finish(self) -> list[Chunk]:
         finish: Chunk = {"type": "finish", "finishReason": self.finish_reason or "stop"}
         if self.usage is not None:
-            finish["messageMetadata"] = {
-                "usage": {
-                    "promptTokens": self.usage.prompt_tokens,
-                    "completionTokens": self.usage.completion_tokens,
-                    "totalTokens": self.usage.total_tokens,
-                }
+            usage: dict[str, Any] = {
+                "promptTokens": self.usage.prompt_tokens,
+                "completionTokens": self.usage.completion_tokens,
+                "totalTokens": self.usage.total_tokens,
+                "cachedTokens": self.usage.cached_tokens,
             }
+            if self.cost is not None:  # a string: a Decimal, which JSON numbers would round
+                usage["cost"] = str(self.cost)
+            finish["messageMetadata"] = {"usage": usage}
         return [finish]
 
 

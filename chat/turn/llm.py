@@ -48,6 +48,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, those the provider read from its prompt cache
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta | StepFinish | Usage
@@ -134,7 +135,13 @@ def _events_of(chunk: Any) -> list[Event]:
             events.append(StepFinish(choice.finish_reason))
     usage = getattr(chunk, "usage", None)
     if usage is not None and getattr(usage, "total_tokens", None):
-        events.append(Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0, usage.total_tokens or 0))
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None) if details is not None else None
+        events.append(
+            Usage(
+                usage.prompt_tokens or 0, usage.completion_tokens or 0, usage.total_tokens or 0, cached or 0
+            )
+        )
     return events
 
 
@@ -284,7 +291,9 @@ class _ResponseEvents:
             usage = _field(response, "usage")
             if usage is not None:
                 prompt, completion = _field(usage, "input_tokens") or 0, _field(usage, "output_tokens") or 0
-                events.append(Usage(prompt, completion, _field(usage, "total_tokens") or prompt + completion))
+                cached = _field(_field(usage, "input_tokens_details"), "cached_tokens") or 0
+                total = _field(usage, "total_tokens") or prompt + completion
+                events.append(Usage(prompt, completion, total, cached))
             output = _field(response, "output") or []
             calls = self.saw_calls or any(_field(item, "type") == "function_call" for item in output)
             reason = "length" if kind == "response.incomplete" else ("tool_calls" if calls else "stop")

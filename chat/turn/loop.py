@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from recovery import diagnostics
@@ -27,6 +28,7 @@ from . import llm, tracing
 from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
+from .pricing import step_cost
 from .tools import Tool, ToolOutcome, Toolset, tool_execute
 
 if TYPE_CHECKING:
@@ -52,6 +54,10 @@ class StepResult:
     prompt_tokens: int | None
 
 
+# Told each step's number, usage and cost (None: unpriced) once the step ended.
+OnSpend = Callable[[int, Usage, Decimal | None], Awaitable[None]]
+
+
 class ModelLoop:
     def __init__(
         self,
@@ -67,6 +73,7 @@ class ModelLoop:
         reattach: ResponseCursor | None = None,
         note_cursor: NoteCursor | None = None,
         extends: str | None = None,
+        on_spend: OnSpend | None = None,
     ) -> None:
         """`extends`: the id of the message a continuation extends; the accumulator holds it, and
         `messages` is the history before it."""
@@ -85,6 +92,7 @@ class ModelLoop:
         self.note_cursor = note_cursor
         self.model: str | None = None  # the model of the last step, for its span
         self.output_tokens = 0  # the steps' output tokens, as the model reported them
+        self.on_spend = on_spend  # each step's usage and cost, as it ends (the runner records them)
 
     async def _emit_all(self, chunks: list[dict[str, Any]], cursor: ResponseCursor | None = None) -> None:
         """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
@@ -113,6 +121,11 @@ class ModelLoop:
                 await self._stream_step(chunker)
                 usage = chunker.step_usage if chunker.step_usage is not earlier else None
                 self.output_tokens += usage.completion_tokens if usage is not None else 0
+                if usage is not None:
+                    cost = step_cost(self.agent.get_model_prices(), self.model, usage)
+                    chunker.add_cost(cost)
+                    if self.on_spend is not None:
+                        await self.on_spend(number, usage, cost)
                 tracing.step_ended(span, model=self.model, finish_reason=chunker.finish_reason, usage=usage)
             await self._emit_all(chunker.step_end())
             calls = chunker.take_tool_calls()

@@ -289,7 +289,10 @@ def _events_of(request: LeanRequest, payload: bytes) -> list[Event]:
     usage = data.get("usage")
     if isinstance(usage, dict) and usage.get("total_tokens"):
         prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-        events.append(Usage(prompt, completion, usage.get("total_tokens") or prompt + completion))
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        total = usage.get("total_tokens") or prompt + completion
+        events.append(Usage(prompt, completion, total, cached if isinstance(cached, int) else 0))
     return events
 
 

@@ -13,12 +13,20 @@ import inspect
 import logging
 import time
 import uuid
+from decimal import Decimal
 from typing import Any
 
 from recovery import control, diagnostics, liveness
 from recovery.engine import recover_fiber
 from recovery.exceptions import LeaseLost
-from recovery.fibers import Claim, fiber_claim, fiber_interrupt, fiber_release, worker_identity
+from recovery.fibers import (
+    Claim,
+    fiber_claim,
+    fiber_interrupt,
+    fiber_release,
+    fiber_spend_add,
+    worker_identity,
+)
 from recovery.flusher import flusher
 from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db
@@ -40,6 +48,7 @@ from ..wire.protocol import chunk_framer, response_frame
 from . import errors, llm, tracing
 from .chunking import UI_CHUNK_POLICY
 from .continuation import settle_recovered_turn
+from .llm import Usage
 from .loop import ModelLoop
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .tools import Toolset
@@ -316,6 +325,7 @@ class TurnRunner:
                 reattach=self.reattach,
                 note_cursor=self._note_cursor,
                 extends=self.extends_id if self.base_message is not None else None,
+                on_spend=self._spend,
             )
             self.reattach = None  # a second run of the loop (overflow retry) starts a new generation
             try:
@@ -394,6 +404,34 @@ class TurnRunner:
     def _note_cursor(self, cursor: dict[str, Any]) -> None:
         assert self.writer is not None
         self.writer.note_cursor(cursor)
+
+    async def _spend(self, step: int, usage: Usage, cost: Decimal | None) -> None:
+        """A step ended: its spend goes on the fiber (fenced, so an attempt's spend counts against its
+        recovery's budget even if a later step dies), then to the diagnostics channel and metrics. A
+        failed write costs the record, never the turn."""
+        try:
+            await db(
+                fiber_spend_add,
+                fiber_id=self.claim.fiber_id,
+                fencing=self.claim.fencing,
+                input_tokens=usage.prompt_tokens,
+                output_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                cost=cost,
+            )
+        except Exception as exc:
+            logger.warning("step spend not recorded: %s", exc, extra=self.log_extra)
+        self._emit_event(
+            "chat:step:usage",
+            {
+                "requestId": self.request_id,
+                "step": step,
+                "inputTokens": usage.prompt_tokens,
+                "outputTokens": usage.completion_tokens,
+                "cachedTokens": usage.cached_tokens,
+                "cost": str(cost) if cost is not None else None,
+            },
+        )
 
     async def _emit(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> None:
         assert self.writer is not None

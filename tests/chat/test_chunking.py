@@ -164,7 +164,9 @@ def test_end_with_usage_puts_it_in_message_metadata() -> None:
     assert chunker.end()[-1] == {
         "type": "finish",
         "finishReason": "stop",
-        "messageMetadata": {"usage": {"promptTokens": 12, "completionTokens": 5, "totalTokens": 17}},
+        "messageMetadata": {
+            "usage": {"promptTokens": 12, "completionTokens": 5, "totalTokens": 17, "cachedTokens": 0}
+        },
     }
 
 
@@ -307,7 +309,7 @@ def test_reasoning_text_tool_turn_folds_with_usage() -> None:
         "role": "assistant",
         "metadata": {
             "agent": "assistant",
-            "usage": {"promptTokens": 20, "completionTokens": 10, "totalTokens": 30},
+            "usage": {"promptTokens": 20, "completionTokens": 10, "totalTokens": 30, "cachedTokens": 0},
         },
         "parts": [
             {"type": "step-start"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from recovery.incidents import (
     ExhaustedContext,
     Incident,
     ProgressContext,
+    Spend,
     evaluate_incident,
     exhausted_context,
     first_exhaustion_reason,
@@ -117,6 +119,7 @@ def test_hard_coded_constants_match_the_reference() -> None:
     assert LIVE_STATUSES == {"detected", "scheduled", "attempting", "running"}
     assert EXHAUSTION_REASONS == (
         "out_of_memory",
+        "cost_budget_exceeded",
         "work_budget_exceeded",
         "no_progress_timeout",
         "recovery_aborted",
@@ -988,3 +991,81 @@ def test_exhausted_context_threads_callback_reasons(reason: str) -> None:
         partial_parts=[],
     )
     assert ctx.reason == reason
+
+
+# --------------------------------------------------------------------------------------------------------
+# The recovery's spend: max_recovery_tokens, max_recovery_cost
+# --------------------------------------------------------------------------------------------------------
+
+
+def spend_evaluate(existing: Incident | None, spent: Spend, config: ChatRecovery) -> Evaluation:
+    return evaluate_incident(
+        existing=existing,
+        incident_id="root-1:user-1",
+        request_id="req-2",
+        recovery_root_request_id="root-1",
+        recovery_kind="continue",
+        progress=5,
+        config=config,
+        now_ms=T0,
+        awaiting=False,
+        spent=spent,
+    )
+
+
+def test_the_turn_that_opens_an_incident_spends_nothing_of_its_budget() -> None:
+    config = ChatRecovery(max_recovery_tokens=10)
+    evaluation = spend_evaluate(None, Spend(10_000, Decimal("9")), config)
+    assert not evaluation.exhausted
+    assert (evaluation.incident.spent_tokens, evaluation.incident.spent_cost) == (0, None)
+
+
+def test_an_interrupted_attempt_adds_its_spend_and_over_the_token_bound_exhausts() -> None:
+    config = ChatRecovery(max_recovery_tokens=100)
+    fresh = incident(progress=5, last_attempt_at=T0 - PAST_DEBOUNCE, last_progress_at=T0)
+    first = spend_evaluate(fresh, Spend(60, None), config)
+    assert not first.exhausted and first.incident.spent_tokens == 60
+    second = spend_evaluate(replace(first.incident, last_attempt_at=T0 - PAST_DEBOUNCE), Spend(41), config)
+    assert second.exhausted and second.reason == "cost_budget_exceeded"
+    assert second.incident.spent_tokens == 101 and second.incident.status == "exhausted"
+
+
+def test_the_cost_bound_counts_priced_attempts_exactly() -> None:
+    config = ChatRecovery(max_recovery_cost=Decimal("0.0010"))
+    existing = incident(
+        progress=5, spent_cost=Decimal("0.0006"), last_attempt_at=T0 - PAST_DEBOUNCE, last_progress_at=T0
+    )
+    at_bound = spend_evaluate(existing, Spend(10, Decimal("0.0004")), config)
+    assert not at_bound.exhausted and at_bound.incident.spent_cost == Decimal("0.0010"), "at the bound is in"
+    over = spend_evaluate(existing, Spend(10, Decimal("0.0004000001")), config)
+    assert over.reason == "cost_budget_exceeded"
+    unpriced = spend_evaluate(existing, Spend(10, None), config)
+    assert not unpriced.exhausted and unpriced.incident.spent_cost == Decimal("0.0006")
+
+
+def test_cost_budget_exceeded_comes_before_the_other_bounds_but_out_of_memory() -> None:
+    assert first_exhaustion_reason(
+        {"cost_budget_exceeded", "max_attempts_exceeded", "work_budget_exceeded"}
+    ) == ("cost_budget_exceeded")
+    assert first_exhaustion_reason({"cost_budget_exceeded", "out_of_memory"}) == "out_of_memory"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"max_recovery_tokens": 0}, "max_recovery_tokens must be an int >= 1"),
+        ({"max_recovery_tokens": 2.5}, "max_recovery_tokens must be an int >= 1"),
+        ({"max_recovery_cost": 0.5}, "not a float"),
+        ({"max_recovery_cost": Decimal("0")}, "a Decimal above 0"),
+        ({"max_recovery_cost": Decimal("NaN")}, "a Decimal above 0"),
+        ({"max_recovery_cost": "1"}, "not a float"),
+    ],
+)
+def test_a_bad_spend_bound_is_refused_clearly(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ChatRecovery(**changes)
+
+
+def test_spend_bounds_accept_ints_and_decimals() -> None:
+    config = ChatRecovery(max_recovery_tokens=5000, max_recovery_cost=2)
+    assert config.max_recovery_cost == Decimal(2) and isinstance(config.max_recovery_cost, Decimal)
