@@ -19,7 +19,7 @@ from recovery import operations
 from recovery.admin import OperatorAdmin
 from recovery.models import Fiber
 
-from .models import Conversation, Message, PrincipalUsage, Submission, TurnCompletion
+from .models import Branch, Conversation, Message, PrincipalUsage, Submission, TurnCompletion
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
 from .turn.stop import stop_conversation
@@ -269,6 +269,23 @@ class SubmissionAdmin(OperatorAdmin[Submission]):
     search_fields = ["submission_id", "idempotency_key", "request_id", "conversation__name"]
     date_hierarchy = "created_at"
     ordering = ["-created_at"]
+
+
+@admin.register(Branch)
+class BranchAdmin(OperatorAdmin[Branch]):
+    """Branches set aside by a regenerate or an edit (the branch in use is the conversation's messages)."""
+
+    list_display = ["__str__", "conversation", "anchor_message_id", "first_created_at", "created_at"]
+    list_filter = ["conversation__agent"]
+    list_select_related = ["conversation"]
+    search_fields = ["anchor_message_id", "conversation__name"]
+    ordering = ["-created_at"]
+    fields = ["conversation", "anchor_message_id", "first_created_at", "created_at", "rendered"]
+    readonly_fields = ["created_at", "rendered"]
+
+    @admin.display(description="messages")
+    def rendered(self, obj: Branch) -> SafeString:
+        return transcript_html(list(obj.messages))
 
 
 @admin.register(TurnCompletion)

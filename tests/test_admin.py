@@ -11,9 +11,10 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import escape
 
-from chat.models import Compaction, Conversation, Message, Submission
+from chat.models import Branch, Compaction, Conversation, Message, Submission, TurnCompletion
 from recovery.incidents import DEFAULT_TERMINAL_MESSAGE
 from recovery.models import Fiber, Incident, Segment, Stream
 from tests.operator_support import (
@@ -146,7 +147,18 @@ def test_every_changelist_and_change_page_renders(admin_client: Client, conversa
     incident = make_incident(conversation, Incident.Status.EXHAUSTED, reason="no_progress_timeout")
     submission = Submission.objects.create(conversation=conversation, submission_id="s-1", request_id="s-1")
     message = Message.objects.get(message_id="a-1")
+    branch = Branch.objects.create(
+        conversation=conversation,
+        anchor_message_id="u-1",
+        messages=[{"id": "a-0", "role": "assistant", "parts": [{"type": "text", "text": "<older> answer"}]}],
+        first_created_at=timezone.now(),
+    )
+    completion = TurnCompletion.objects.create(
+        conversation=conversation, request_id="r-1", last_request_id="r-1", ending="completed"
+    )
     rows = {
+        "think_chat_branch": branch,
+        "think_chat_turncompletion": completion,
         "think_chat_conversation": conversation,
         "think_chat_message": message,
         "think_chat_submission": submission,
@@ -160,6 +172,9 @@ def test_every_changelist_and_change_page_renders(admin_client: Client, conversa
         assert 'name="_save"' not in html, name
     assert escape(REASONING) in page(
         admin_client, reverse("admin:think_chat_message_change", args=[message.pk])
+    )
+    assert escape("<older> answer") in page(
+        admin_client, reverse("admin:think_chat_branch_change", args=[branch.pk])
     )
     assert '<td class="field-segment_count">3</td>' in page(
         admin_client, reverse("admin:think_recovery_stream_changelist")
@@ -247,6 +262,33 @@ def test_give_up_from_the_incident_and_conversation_changelists(admin_client: Cl
         assert (incident.status, incident.reason) == (Incident.Status.EXHAUSTED, "forced")
         terminal = Conversation.objects.get(pk=incident.conversation_id).last_terminal
         assert terminal == {"requestId": incident.request_id, "body": DEFAULT_TERMINAL_MESSAGE}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop_everything_from_the_conversation_changelist(admin_client: Client) -> None:
+    conversation = make_conversation()
+    queued = make_fiber(conversation, Fiber.Status.PENDING)
+    incident = make_incident(conversation, Incident.Status.SCHEDULED)
+    html = post_action(admin_client, "think_chat_conversation", "stop_everything", [conversation.pk])
+    assert "Stopped 1 conversation(s): 1 turn(s), 0 waiting tool call(s), 1 open incident(s)." in html
+    assert Fiber.objects.get(pk=queued.pk).status == Fiber.Status.CANCELLED
+    incident.refresh_from_db()
+    assert (incident.status, incident.reason) == ("cancelled", "stopped")
+
+
+def test_spend_shows_per_conversation_turn_and_incident(admin_client: Client) -> None:
+    conversation = make_conversation()
+    for tokens, cost in ((100, "0.25"), (23, None)):
+        fiber = make_fiber(conversation, Fiber.Status.COMPLETED)
+        Fiber.objects.filter(pk=fiber.pk).update(input_tokens=tokens - 3, output_tokens=3, cost=cost)
+    make_incident(conversation, Incident.Status.EXHAUSTED, reason="cost_budget_exceeded", spent_tokens=77)
+    conversations = page(admin_client, reverse("admin:think_chat_conversation_changelist"))
+    assert '<td class="field-tokens">123</td>' in conversations
+    assert '<td class="field-cost">0.250000000000</td>' in conversations
+    fibers = page(admin_client, reverse("admin:think_recovery_fiber_changelist"))
+    assert '<td class="field-input_tokens">97</td>' in fibers
+    incidents = page(admin_client, reverse("admin:think_recovery_incident_changelist"))
+    assert '<td class="field-spent_tokens">77</td>' in incidents
 
 
 def staff(client: Client, *codenames: str) -> Client:
