@@ -39,17 +39,24 @@ RETENTION = timedelta(days=7)
 # Called after the commit with the ids of the rows it wrote (chat.turn.completion registers the
 # delivery: the transcript layer does not import the turn layer).
 _listeners: list[Callable[[list[int]], None]] = []
+# Whether anyone hears of an agent's turns (a turn_completed receiver, or the agent's own hook); None
+# until registered. A turn nobody hears of is recorded as delivered: no work after its commit.
+_heard: Callable[[str], bool] | None = None
 
 
-def on_recorded(listener: Callable[[list[int]], None]) -> None:
+def on_recorded(listener: Callable[[list[int]], None], heard: Callable[[str], bool] | None = None) -> None:
+    global _heard
     if listener not in _listeners:
         _listeners.append(listener)
+    if heard is not None:
+        _heard = heard
 
 
 _RECORD = """
 INSERT INTO {table}
-    (conversation_id, request_id, last_request_id, ending, message_id, error, created_at, attempts)
-VALUES (%s, %s, %s, %s, %s, %s, now(), 0)
+    (conversation_id, request_id, last_request_id, ending, message_id, error, created_at, attempts,
+     delivered_at)
+VALUES (%s, %s, %s, %s, %s, %s, now(), 0, CASE WHEN %s THEN now() END)
 ON CONFLICT (conversation_id, request_id) DO NOTHING
 RETURNING id
 """
@@ -63,21 +70,33 @@ def completion_record(
     last_request_id: str = "",
     message_id: str | None = None,
     error: str = "",
+    agent: str | None = None,
 ) -> bool:
     """Record how the turn `request_id` (a chain's root) ended; call inside the transaction that ended
-    it. The first ending of a turn stands (False for a later one). Delivered after the commit."""
+    it. The first ending of a turn stands (False for a later one). Delivered after the commit, unless
+    nobody hears of `agent`'s turns (then it is recorded delivered: the turn's end costs one INSERT)."""
     if not request_id:
         return False
+    unheard = agent is not None and _heard is not None and not _heard(agent)
     with connection.cursor() as cursor:
         cursor.execute(
             _RECORD.format(table=TurnCompletion._meta.db_table),
-            [conversation_id, request_id, last_request_id or request_id, ending, message_id or "", error],
+            [
+                conversation_id,
+                request_id,
+                last_request_id or request_id,
+                ending,
+                message_id or "",
+                error,
+                unheard,
+            ],
         )
         row = cursor.fetchone()
     if row is None:
         return False
-    pk = row[0]
-    transaction.on_commit(lambda: _recorded([pk]))
+    if not unheard:
+        pk = row[0]
+        transaction.on_commit(lambda: _recorded([pk]))
     return True
 
 

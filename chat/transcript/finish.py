@@ -36,7 +36,9 @@ class TurnOutcome:
     output_tokens: int = 0  # the run's output tokens, counted against its owner's day (quotas)
 
 
-_FINISH_LOCK = "SELECT tool_updates, continue_armed, owner FROM {conversation} WHERE id = %s FOR UPDATE"
+_FINISH_LOCK = (
+    "SELECT tool_updates, continue_armed, owner, agent FROM {conversation} WHERE id = %s FOR UPDATE"
+)
 
 
 _MESSAGE_UPDATE = """
@@ -106,14 +108,14 @@ def turn_finish(
     tables = _tables()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_FINISH_LOCK.format(**tables), [conversation_id])
-        tool_updates, continue_armed, owner = cursor.fetchone()
+        tool_updates, continue_armed, owner, agent = cursor.fetchone()
         if owner and outcome.output_tokens > 0:
             cursor.execute(ADD_TOKENS, [owner, outcome.output_tokens])
         request_id, snapshot = fiber_finish_on(
             cursor, fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or ""
         )
         turn = FiberSnapshot.from_json(snapshot).turn
-        _completion_record(conversation_id, request_id, turn, outcome)
+        _completion_record(conversation_id, request_id, turn, outcome, agent)
         if outcome.message is not None:
             after = turn.latest_message_id if turn is not None else None
             _message_store(cursor, tables, conversation_id, outcome.message, after)
@@ -141,7 +143,9 @@ _ENDINGS: dict[str, str] = {
 }
 
 
-def _completion_record(conversation_id: int, request_id: str, turn: Any, outcome: TurnOutcome) -> None:
+def _completion_record(
+    conversation_id: int, request_id: str, turn: Any, outcome: TurnOutcome, agent: str
+) -> None:
     """The turn (its chain) ends here: completed, recovered (a recovery's turn), cancelled or failed."""
     ending = _ENDINGS.get(outcome.status, str(Ending.FAILED))
     if ending == Ending.COMPLETED and turn is not None and turn.incident_id:
@@ -153,6 +157,7 @@ def _completion_record(conversation_id: int, request_id: str, turn: Any, outcome
         ending=ending,
         message_id=outcome.message["id"] if outcome.message is not None else None,
         error=outcome.terminal or "",
+        agent=agent,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from recovery import runtime
 from recovery.runtime import db
 
-from ..agents import agent_class, agent_for
+from ..agents import Think, agent_class, agent_for
 from ..exceptions import UnknownAgent
 from ..models import TurnCompletion
 from ..signals import turn_completed
@@ -101,6 +101,18 @@ async def deliver(pk: int) -> bool:
             logger.exception("on_turn_completed raised", extra={"request_id": result.request_id})
     await db(completion_delivered, pk=pk)
     return True
+
+
+def heard(agent: str) -> bool:
+    """Whether anyone hears of this agent's turns: a turn_completed receiver (connected in every
+    process, from an AppConfig.ready()), or the agent's own on_turn_completed."""
+    if turn_completed.has_listeners():
+        return True
+    try:
+        cls = agent_class(agent)
+    except UnknownAgent:
+        return False
+    return cls.on_turn_completed is not Think.on_turn_completed
 
 
 def deliver_soon(ids: list[int]) -> None:

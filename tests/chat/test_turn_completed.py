@@ -187,3 +187,23 @@ def test_two_deliverers_of_one_ending_deliver_it_once() -> None:
     # The commit's own delivery may have won the race: at most one of these, and one call in all.
     assert results.count(True) <= 1
     assert len(delivered(agent.name)) == 1
+
+
+async def test_a_turn_nobody_hears_of_costs_one_insert_and_no_delivery(
+    quiet_broker: dict[str, list[Any]],
+) -> None:
+    """No turn_completed receiver and no on_turn_completed of the agent's own: the ending is recorded
+    (the audit) as delivered in the finish's own statement, and nothing runs after the commit."""
+    assert not turn_completed.has_listeners()
+    agent = await sync_to_async(open_agent)(
+        "assistant", f"unheard-{uuid.uuid4().hex[:8]}", owner=TEST_PRINCIPAL
+    )
+    started = await db(
+        turn_start_programmatic, conversation_id=agent.conversation_id, messages=["count to 2"], enqueue=False
+    )
+    fiber = await Fiber.objects.aget(conversation_id=agent.conversation_id, request_id=started.request_id)
+    runner = await turn_run(str(fiber.pk))
+    assert runner is not None and runner.outcome == "completed"
+    row = await TurnCompletion.objects.aget(conversation_id=agent.conversation_id)
+    assert (row.ending, row.attempts) == ("completed", 0) and row.delivered_at is not None
+    assert row.claimed_at is None, "never claimed: nobody delivered it"
