@@ -100,6 +100,9 @@ async def _handle(target: RecoveryTarget, work: Interrupted, *, retry_after_s: f
         awaiting=awaiting,
         fiber_id=fiber_id,
     )
+    if evaluation is None:  # a stop cancelled the fiber after it was loaded: nothing resumes
+        work.emit("fiber:recovery:handled", {**fiber_event, "status": "stopped"})
+        return
     incident = evaluation.incident
     tracing.attempt_incident(incident)
     if evaluation.predicate_error is not None:
@@ -156,14 +159,19 @@ async def _recover(work: Interrupted, incident: Incident, *, delay_s: float) -> 
 
 async def schedule(
     work: Interrupted, incident: Incident, callback: str, data: dict[str, Any], *, delay_s: float = 0.0
-) -> None:
-    """Schedule the recovery alarm `callback` (registered by the owner) for `incident`, `delay_s` from now."""
-    await db(
+) -> bool:
+    """Schedule the recovery alarm `callback` (registered by the owner) for `incident`, `delay_s` from now.
+
+    False, and nothing scheduled, when a stop closed the incident while the engine handled it."""
+    scheduled = await db(
         incident_set_status,
         conversation_id=work.owner_id,
         incident_id=incident.incident_id,
         status="scheduled",
     )
+    if scheduled is None:
+        tracing.attempt_outcome("stopped", callback=callback)
+        return False
     await recovery_target().set_recovering(work.owner_id, work.root_request_id)
     tracing.attempt_outcome("scheduled", callback=callback, delay_ms=int(delay_s * 1000))
     work.emit(
@@ -184,6 +192,7 @@ async def schedule(
         from .tasks import fire_alarm
 
         fire_alarm.delay(alarm.pk)
+    return True
 
 
 async def skip(work: Interrupted, incident: Incident, reason: str) -> None:

@@ -310,6 +310,11 @@ def fiber_spend_add(
     return bool(running.update(**spend))
 
 
+def fiber_interrupted(fiber_id: Any) -> bool:
+    """Whether the fiber still waits for the recovery engine (a stop cancels it)."""
+    return Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED).exists()
+
+
 def fiber_spend(fiber_id: Any) -> tuple[int, Any]:
     """What a fiber spent: its tokens (input + output) and its cost (None when unpriced)."""
     row = Fiber.objects.filter(pk=fiber_id).values_list("input_tokens", "output_tokens", "cost").first()

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .fibers import fiber_spend
+from .fibers import fiber_interrupted, fiber_spend
 from .incidents import (
     INCIDENT_TTL_MS,
     LIVE_STATUSES,
@@ -114,9 +114,12 @@ def incident_begin(
     now_ms: int,
     awaiting: bool,
     fiber_id: Any = None,
-) -> Evaluation:
+) -> Evaluation | None:
     """Open or re-evaluate an incident against the conversation's progress counter, and persist it;
-    `fiber_id`: the interrupted run, whose spend counts when it was one of the recovery's attempts."""
+    `fiber_id`: the interrupted run, whose spend counts when it was one of the recovery's attempts.
+
+    None when that fiber is no longer interrupted: a stop (which takes the same lock) cancelled it after
+    the engine loaded it, so there is nothing to recover and no incident is opened."""
     with transaction.atomic():
         progress = (
             owner_model()
@@ -124,6 +127,8 @@ def incident_begin(
             .values_list("progress", flat=True)
             .get(pk=conversation_id)
         )
+        if fiber_id is not None and not fiber_interrupted(fiber_id):
+            return None
         incidents_expire(conversation_id=conversation_id, now_ms=now_ms)
         stored = incident_get(conversation_id=conversation_id, incident_id=incident_id)
         existing = _budget(stored, now_ms=now_ms)

@@ -145,7 +145,7 @@ def attempt_incident(incident: Incident) -> None:
 
 
 def attempt_outcome(outcome: str, *, reason: str | None = None, **extra: Any) -> None:
-    """How the attempt ended: "scheduled", "skipped", "exhausted" or "failed" (outside an attempt,
+    """How the attempt ended: "scheduled", "skipped", "stopped", "exhausted" or "failed" (outside an attempt,
     a give-up of the alarm path, nothing)."""
     details = {f"think.recovery.{key}": value for key, value in extra.items()}
     annotate(_attempt.get(), {"think.recovery.outcome": outcome, "think.recovery.reason": reason, **details})

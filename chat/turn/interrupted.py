@@ -407,7 +407,8 @@ class ChatTarget(RecoveryTarget):
             data["trace"] = trace
         if should_retry:
             data["targetUserId"] = work.latest_user_message_id
-            await recovery_engine.schedule(work, incident, RETRY_CALLBACK, data, delay_s=delay_s)
+            if not await recovery_engine.schedule(work, incident, RETRY_CALLBACK, data, delay_s=delay_s):
+                return  # a stop closed the incident meanwhile: it told the clients itself
         elif can_continue:
             if leaf is not None and leaf["role"] == "assistant":
                 data["targetAssistantId"] = leaf["id"]
@@ -418,7 +419,8 @@ class ChatTarget(RecoveryTarget):
                 # stored nothing, the partial its own recorded cursor came from).
                 if reattach and (leaf["id"] == work.partial.message_id or not work.partial.has_content):
                     data["reattach"] = reattach
-            await recovery_engine.schedule(work, incident, CONTINUE_CALLBACK, data, delay_s=delay_s)
+            if not await recovery_engine.schedule(work, incident, CONTINUE_CALLBACK, data, delay_s=delay_s):
+                return
         elif not options.continue_ and not terminal:
             await recovery_engine.skip(work, incident, "continue_disabled")
             await self.end(work, request_id=work.request_id, message=DECLINED_MESSAGE, ending=Ending.FAILED)

@@ -187,6 +187,44 @@ async def test_a_stop_before_the_engine_handles_a_killed_turn_leaves_nothing_to_
     assert interrupted.status == Fiber.Status.CANCELLED
 
 
+@pytest.mark.parametrize("stop_when", ["before_the_incident", "after_the_incident"])
+async def test_a_stop_racing_the_engine_that_loaded_the_killed_turn_leaves_nothing_to_resume(
+    stop_when: str, quiet_broker: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine loaded the interrupted fiber, then a stop commits: before the engine opens its
+    incident (the fiber is no longer interrupted under the lock: no incident), or just after (the
+    incident is cancelled: nothing is scheduled, the recovering flag stays down)."""
+    import recovery.engine
+
+    agent = await sync_to_async(new_agent)()
+    interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
+    begin = recovery.engine.incident_begin
+
+    def racing_begin(**kwargs: Any) -> Any:
+        if stop_when == "before_the_incident":
+            conversation_stop(conversation_id=agent.conversation_id)
+            return begin(**kwargs)
+        evaluation = begin(**kwargs)
+        conversation_stop(conversation_id=agent.conversation_id)
+        return evaluation
+
+    monkeypatch.setattr(recovery.engine, "incident_begin", racing_begin)
+    await recover_fiber(interrupted.pk)
+
+    assert quiet_broker["alarms"] == [] and quiet_broker["turns"] == []
+    assert not await Alarm.objects.filter(conversation_id=agent.conversation_id).aexists()
+    incidents = [i async for i in Incident.objects.filter(conversation_id=agent.conversation_id)]
+    if stop_when == "before_the_incident":
+        assert incidents == []
+    else:
+        assert [(i.status, i.reason) for i in incidents] == [("cancelled", STOPPED)]
+    conversation = await Conversation.objects.aget(pk=agent.conversation_id)
+    assert conversation.recovering is None
+    await interrupted.arefresh_from_db()
+    assert interrupted.status == Fiber.Status.CANCELLED
+    assert await sync_to_async(assistant_texts)(agent) == ["1 2 3"], "the partial is kept, once"
+
+
 async def test_a_stop_after_the_continuation_was_scheduled_cancels_its_incident_and_nothing_resumes(
     quiet_broker: dict[str, list[Any]],
 ) -> None:
