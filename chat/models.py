@@ -178,6 +178,9 @@ class Branch(models.Model):
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="branches")
     anchor_message_id = models.CharField(max_length=255, blank=True, default="")  # "": the start
+    # The anchor message's own creation: an edited user message keeps its id but is a new row, and the
+    # alternatives set aside under its old version stay with that version (None: the start).
+    anchor_created_at = models.DateTimeField(null=True, blank=True)
     messages = models.JSONField(default=list)  # UIMessages with their "createdAt" (ISO), in order
     compactions = models.JSONField(default=list)
     # When its first message was created: the alternatives after an anchor are numbered in this order.

@@ -46,18 +46,38 @@ def _compaction_json(row: Compaction) -> dict[str, Any]:
     }
 
 
-def _anchor_position(conversation_id: int, anchor_message_id: str) -> int:
-    """The position the tail follows (-1 for the start); BranchNotFound when the anchor is not in use."""
+@dataclass(frozen=True)
+class Anchor:
+    """The message a tail follows, in the version on the branch in use ("" and None: the start)."""
+
+    message_id: str
+    created_at: datetime | None
+    position: int
+
+    def branches(self, conversation_id: int) -> Any:
+        """The alternatives set aside under this version of the anchor (a row from before versions
+        were recorded matches any)."""
+        rows = Branch.objects.filter(conversation_id=conversation_id, anchor_message_id=self.message_id)
+        if self.created_at is None:
+            return rows
+        return rows.filter(Q(anchor_created_at=self.created_at) | Q(anchor_created_at__isnull=True))
+
+
+START = Anchor("", None, -1)
+
+
+def _anchor(conversation_id: int, anchor_message_id: str) -> Anchor:
+    """The anchor in use; BranchNotFound when it is not on the branch in use."""
     if not anchor_message_id:
-        return -1
-    position = (
+        return START
+    row = (
         Message.objects.filter(conversation_id=conversation_id, message_id=anchor_message_id)
-        .values_list("position", flat=True)
+        .values_list("position", "created_at")
         .first()
     )
-    if position is None:
+    if row is None:
         raise BranchNotFound(f"message {anchor_message_id!r} is not on the branch in use")
-    return position
+    return Anchor(anchor_message_id, row[1], row[0])
 
 
 def tail_set_aside(*, conversation_id: int, after_position: int) -> Branch | None:
@@ -71,20 +91,22 @@ def tail_set_aside(*, conversation_id: int, after_position: int) -> Branch | Non
     )
     if not tail:
         return None
-    anchor = (
+    row = (
         Message.objects.filter(conversation_id=conversation_id, position=after_position)
-        .values_list("message_id", flat=True)
+        .values_list("message_id", "created_at")
         .first()
         if after_position >= 0
-        else ""
+        else None
     )
+    anchor = START if row is None else Anchor(row[0], row[1], after_position)
     ids = [m.message_id for m in tail]
     touched = Compaction.objects.filter(conversation_id=conversation_id).filter(
         Q(from_message_id__in=ids) | Q(to_message_id__in=ids)
     )
     branch = Branch.objects.create(
         conversation_id=conversation_id,
-        anchor_message_id=anchor or "",
+        anchor_message_id=anchor.message_id,
+        anchor_created_at=anchor.created_at,
         messages=[{**m.as_ui_message(), "createdAt": m.created_at.isoformat()} for m in tail],
         compactions=[_compaction_json(c) for c in touched],
         first_created_at=tail[0].created_at,
@@ -136,18 +158,18 @@ class Alternatives:
         return next(i for i, (_, pk) in enumerate(self.starts) if pk is None)
 
 
-def _alternatives(conversation_id: int, anchor_message_id: str, after_position: int) -> Alternatives:
-    rows = Branch.objects.filter(conversation_id=conversation_id, anchor_message_id=anchor_message_id)
+def _alternatives(conversation_id: int, anchor: Anchor) -> Alternatives:
+    rows = anchor.branches(conversation_id)
     starts: list[tuple[datetime, int | None]] = [(b.first_created_at, b.pk) for b in rows]
     first = (
-        Message.objects.filter(conversation_id=conversation_id, position=after_position + 1)
+        Message.objects.filter(conversation_id=conversation_id, position=anchor.position + 1)
         .values_list("created_at", flat=True)
         .first()
     )
     if first is not None:
         starts.append((first, None))
     starts.sort(key=lambda start: (start[0], start[1] is None))
-    return Alternatives(anchor_message_id, starts)
+    return Alternatives(anchor.message_id, starts)
 
 
 def _refuse_while_running(conversation_id: int) -> None:
@@ -171,8 +193,8 @@ def branch_switch(*, conversation_id: int, anchor_message_id: str, index: int) -
     with transaction.atomic():
         conversation_lock(conversation_id)
         _refuse_while_running(conversation_id)
-        after = _anchor_position(conversation_id, anchor_message_id)
-        alternatives = _alternatives(conversation_id, anchor_message_id, after)
+        anchor = _anchor(conversation_id, anchor_message_id)
+        alternatives = _alternatives(conversation_id, anchor)
         if not 0 <= index < alternatives.count:
             raise BranchNotFound(
                 f"there are {alternatives.count} alternative(s) after {anchor_message_id or 'the start'}, "
@@ -182,8 +204,8 @@ def branch_switch(*, conversation_id: int, anchor_message_id: str, index: int) -
         if chosen is None:
             return False
         branch = Branch.objects.get(pk=chosen)
-        tail_set_aside(conversation_id=conversation_id, after_position=after)
-        _restore(conversation_id, branch, after)
+        tail_set_aside(conversation_id=conversation_id, after_position=anchor.position)
+        _restore(conversation_id, branch, anchor.position)
     return True
 
 
@@ -202,8 +224,9 @@ def annotate(
         previous = messages[i - 1]["id"] if i > 0 else ("" if starts_at_beginning else None)
         if previous is None or previous not in anchors:
             continue
-        after = _anchor_position(conversation_id, previous) if previous else -1
-        alternatives = _alternatives(conversation_id, previous, after)
+        alternatives = _alternatives(conversation_id, _anchor(conversation_id, previous))
+        if alternatives.count < 2:  # those set aside follow another version of the anchor
+            continue
         note = {"anchorId": previous, "index": alternatives.index_in_use(), "count": alternatives.count}
         messages[i] = {**message, "metadata": {**(message.get("metadata") or {}), BRANCH_KEY: note}}
     return messages

@@ -116,6 +116,40 @@ async def test_editing_a_user_message_makes_a_branch_there(quiet_broker: dict[st
     assert texts(await db(messages_list, conversation_id=cid)) == ["count to 2", "1 2", "count to 3", "1 2 3"]
 
 
+async def test_answers_set_aside_under_a_question_stay_with_that_version_when_it_is_edited(
+    quiet_broker: dict[str, list[Any]],
+) -> None:
+    """An edit keeps the message's id: the answer regenerated under the old question must not be
+    offered (nor switched in) under the edited one, and comes back with the old question."""
+    agent = await sync_to_async(new_agent)()
+    cid = agent.conversation_id
+    await run_request(cid, [user("count to 2", "u1")])
+    history = await db(messages_list, conversation_id=cid)
+    await run_request(cid, [*history, user("count to 3", "u2")])
+    await run_request(cid, [*history, user("count to 3", "u2")], "regenerate-message")
+    assert (await db(notes, cid)).get((await db(messages_list, conversation_id=cid))[3]["id"]) == {
+        "anchorId": "u2",
+        "index": 1,
+        "count": 2,
+    }
+
+    await run_request(cid, [*history, user("count to 4", "u2")])  # the edit
+    edited = await db(messages_list, conversation_id=cid)
+    assert texts(edited) == ["count to 2", "1 2", "count to 4", "1 2 3 4"]
+    assert await db(notes, cid) == {"u2": {"anchorId": history[1]["id"], "index": 1, "count": 2}}
+    assert not await db(branch_switch, conversation_id=cid, anchor_message_id="u2", index=0), "the one in use"
+    with pytest.raises(BranchNotFound):
+        await db(branch_switch, conversation_id=cid, anchor_message_id="u2", index=1)
+
+    assert await db(branch_switch, conversation_id=cid, anchor_message_id=history[1]["id"], index=0)
+    old = await db(messages_list, conversation_id=cid)
+    assert texts(old) == ["count to 2", "1 2", "count to 3", "1 2 3"]
+    assert (await db(notes, cid))[old[3]["id"]] == {"anchorId": "u2", "index": 1, "count": 2}
+    assert await db(branch_switch, conversation_id=cid, anchor_message_id="u2", index=0)
+    assert texts(await db(messages_list, conversation_id=cid)) == ["count to 2", "1 2", "count to 3", "1 2 3"]
+    assert await Branch.objects.filter(conversation_id=cid).acount() == 2, "nothing lost, nothing doubled"
+
+
 async def test_an_echo_of_a_message_cut_for_display_is_not_an_edit(
     quiet_broker: dict[str, list[Any]],
 ) -> None:
