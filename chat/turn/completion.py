@@ -106,13 +106,12 @@ async def deliver(pk: int) -> bool:
 def heard(agent: str) -> bool:
     """Whether anyone hears of this agent's turns: a turn_completed receiver (connected in every
     process, from an AppConfig.ready()), or the agent's own on_turn_completed."""
-    if turn_completed.has_listeners():
-        return True
     try:
         cls = agent_class(agent)
     except UnknownAgent:
-        return False
-    return cls.on_turn_completed is not Think.on_turn_completed
+        return turn_completed.has_listeners()
+    # The agent class is the signal's sender: a receiver connected for it alone counts too.
+    return turn_completed.has_listeners(cls) or cls.on_turn_completed is not Think.on_turn_completed
 
 
 def deliver_soon(ids: list[int]) -> None:

@@ -17,7 +17,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import transaction
 
-from chat.agents import open_agent
+from chat.agents import agent_class, open_agent
 from chat.models import TurnCompletion
 from chat.signals import turn_completed
 from chat.transcript.completions import completion_record, completions_due
@@ -207,3 +207,38 @@ async def test_a_turn_nobody_hears_of_costs_one_insert_and_no_delivery(
     row = await TurnCompletion.objects.aget(conversation_id=agent.conversation_id)
     assert (row.ending, row.attempts) == ("completed", 0) and row.delivered_at is not None
     assert row.claimed_at is None, "never claimed: nobody delivered it"
+
+
+async def test_a_receiver_connected_for_one_agent_class_hears_of_its_completed_turns(
+    quiet_broker: dict[str, list[Any]],
+) -> None:
+    """`sender` is the agent class: a receiver connected for that class alone (the README's way to answer
+    one agent's webhooks) is somebody who hears, so the ending is delivered to it, not recorded as
+    nobody's."""
+    got: list[Any] = []
+
+    def receiver(sender: Any, *, result: Any, **kwargs: Any) -> None:
+        got.append(result)
+
+    turn_completed.connect(receiver, sender=agent_class("assistant"), weak=False)
+    try:
+        agent = await sync_to_async(open_agent)(
+            "assistant", f"heard-{uuid.uuid4().hex[:8]}", owner=TEST_PRINCIPAL
+        )
+        started = await db(
+            turn_start_programmatic,
+            conversation_id=agent.conversation_id,
+            messages=["count to 2"],
+            enqueue=False,
+        )
+        fiber = await Fiber.objects.aget(conversation_id=agent.conversation_id, request_id=started.request_id)
+        runner = await turn_run(str(fiber.pk))
+        assert runner is not None and runner.outcome == "completed"
+        await asyncio.to_thread(wait_until, lambda: len(got) == 1, 10, "the class's receiver called")
+        await asyncio.sleep(0.3)
+        [result] = got
+        assert (result.request_id, result.ending, result.text) == (started.request_id, "completed", "1 2")
+        row = await TurnCompletion.objects.aget(conversation_id=agent.conversation_id)
+        assert row.attempts == 1 and row.delivered_at is not None
+    finally:
+        turn_completed.disconnect(receiver, sender=agent_class("assistant"))
