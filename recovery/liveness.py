@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from . import metrics
@@ -48,6 +49,14 @@ _key: int = random.SystemRandom().randrange(*_KEY_RANGE)
 _lock = threading.Lock()
 _session: Any = None  # the concurrent.futures.Future of the session's coroutine
 _poller: Any = None
+
+
+def _always() -> bool:
+    return True
+
+
+# Whether this process takes part in the search for dead workers now (see start(): `judges`).
+_judges: Callable[[], bool] = _always
 held = threading.Event()  # set while this process's session holds its lock
 _lost = threading.Event()  # set once the lock was held and then lost (until it is held again)
 
@@ -72,10 +81,16 @@ def enabled() -> bool:
     return bool(setting("LIVENESS_SESSIONS"))
 
 
-def start() -> None:
+def start(*, judges: Callable[[], bool] | None = None) -> None:
     """Start this process's liveness session and its poll (once; again after a fork), unless
-    THINK['LIVENESS_SESSIONS'] is off."""
-    global _session, _poller
+    THINK['LIVENESS_SESSIONS'] is off.
+
+    `judges`, asked before each poll, says whether the process looks for dead workers then: a worker
+    that does not consume the queue the recovery work goes to (one parked on a queue of its own, or
+    serving other queues only) holds its session but takes nobody's fibers."""
+    global _session, _poller, _judges
+    if judges is not None:
+        _judges = judges
     if not enabled():
         logger.info("liveness sessions are off: a dead worker is detected by its lease alone")
         return
@@ -90,9 +105,9 @@ def start() -> None:
 
 def stop() -> None:
     """Close the session and stop the poll (tests; a worker's end with the process)."""
-    global _session, _poller
+    global _session, _poller, _judges
     with _lock:
-        running, _session, _poller = [_session, _poller], None, None
+        running, _session, _poller, _judges = [_session, _poller], None, None, _always
     for future in running:
         if future is not None:
             future.cancel()
@@ -169,6 +184,9 @@ async def _poll() -> None:
         await asyncio.sleep(float(setting("LIVENESS_POLL_MS")) / 1000)
         if not held.is_set():
             continue  # a process without its own session is in no position to judge others'
+        if not _judges():
+            seen = None  # when it judges again, it looks at the fibers once, as at start
+            continue
         try:
             live = await db(live_sessions)
             if seen is None or seen - live:
@@ -216,9 +234,9 @@ def take_orphaned(limit: int | None = None) -> list[Any]:
 
 
 def _forget_after_fork() -> None:
-    global _key, _lock, _session, _poller
+    global _key, _lock, _session, _poller, _judges
     _key = random.SystemRandom().randrange(*_KEY_RANGE)
-    _lock, _session, _poller = threading.Lock(), None, None
+    _lock, _session, _poller, _judges = threading.Lock(), None, None, _always
     held.clear()
     _lost.clear()
 

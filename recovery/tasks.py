@@ -93,7 +93,21 @@ def start_liveness(sender: object = None, **kwargs: object) -> None:
     from . import liveness
 
     if not isinstance(getattr(sender, "pool", None), PreforkPool):
-        liveness.start()
+        liveness.start(judges=_consumes_recovery_queue(sender))
+
+
+def _consumes_recovery_queue(consumer: Any) -> Callable[[], bool] | None:
+    """Whether the worker consumes the queue that takeovers send recovery work to (its app's default
+    queue): a worker parked on, or serving, other queues only leaves the dead to those that do."""
+    if getattr(consumer, "app", None) is None:
+        return None
+    queue = consumer.app.conf.task_default_queue
+
+    def judges() -> bool:
+        tasks = getattr(consumer, "task_consumer", None)  # replaced when the broker connection is
+        return tasks is not None and bool(tasks.consuming_from(queue))
+
+    return judges
 
 
 @worker_process_init.connect

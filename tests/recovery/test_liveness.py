@@ -261,3 +261,40 @@ def test_the_checks_say_which_detector_is_in_force(settings: Any) -> None:
 def test_a_pooler_in_front_of_the_liveness_session_is_reported(settings: Any) -> None:
     settings.DATABASES = {**settings.DATABASES, "pooled": {**settings.DATABASES["default"], "PORT": "6432"}}
     assert ids(settings, LIVENESS_DATABASE="pooled") == ["think_recovery.W003", "think_recovery.I001"]
+
+
+def test_a_process_that_does_not_judge_takes_no_fibers_until_it_does(live_session: None) -> None:
+    """A worker parked on, or serving, other queues than the one recovery work is sent to holds its
+    session but leaves the dead to the workers of that queue; once it consumes it, it judges."""
+    orphan = owned_fiber(new_key())
+    fencing = orphan.fencing
+    asked: list[bool] = []
+    judging = threading.Event()
+
+    def judges() -> bool:
+        asked.append(judging.is_set())
+        return judging.is_set()
+
+    liveness.start(judges=judges)
+    wait_until(lambda: len(asked) >= 4, 10, "four polls")
+    orphan.refresh_from_db()
+    assert (orphan.status, orphan.fencing) == (Fiber.Status.RUNNING, fencing), "nobody's fiber taken"
+    judging.set()
+    wait_until(lambda: Fiber.objects.get(pk=orphan.pk).fencing > fencing, 10, "the orphan to be taken over")
+
+
+def test_a_worker_judges_while_it_consumes_the_queue_recovery_work_goes_to() -> None:
+    from types import SimpleNamespace
+
+    from recovery.tasks import _consumes_recovery_queue
+
+    tasks = SimpleNamespace(queues={"parked"}, consuming_from=lambda name: name in tasks.queues)
+    app = SimpleNamespace(conf=SimpleNamespace(task_default_queue="turns"))
+    consumer = SimpleNamespace(app=app, task_consumer=tasks)
+    judges = _consumes_recovery_queue(consumer)
+    assert judges is not None and not judges()
+    tasks.queues.add("turns")  # add_consumer, as a hand-over does
+    assert judges()
+    consumer.task_consumer = None  # between a lost broker connection and the next
+    assert not judges()
+    assert _consumes_recovery_queue(None) is None, "no consumer to ask: every poll judges"
