@@ -2,7 +2,9 @@
 
 Each pytest run gets a run id; its test database, Celery queue and channel-layer prefix carry it.
 Processes started by the tests (worker, daphne) inherit the run id through the environment and are
-pointed at pytest's test database through THINK_TEST_DATABASE_NAME.
+pointed at pytest's test database through THINK_TEST_DATABASE_NAME. Under pytest-xdist each runner
+is a run of its own: the runner's name (PYTEST_XDIST_WORKER, which its processes inherit too) is part
+of the id, so two runners never share a queue, a prefix or a database.
 """
 
 import os
@@ -11,7 +13,9 @@ import uuid
 from thinkproject.settings import *  # noqa: F403
 from thinkproject.settings import CHANNEL_LAYERS, DATABASES, REDIS_URL, THINK
 
-RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8])
+RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8]) + os.environ.get(
+    "PYTEST_XDIST_WORKER", ""
+)
 
 TEST_REDIS_BASE = os.environ.get("THINK_TEST_REDIS_URL", REDIS_URL.rsplit("/", 1)[0])
 CELERY_BROKER_URL = f"{TEST_REDIS_BASE}/14"

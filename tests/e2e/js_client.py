@@ -6,6 +6,7 @@ older than the lock; only a machine without `node` skips these tests.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import queue
@@ -30,17 +31,24 @@ def _install() -> str:
         return ""
     lock = JS_DIR / "package-lock.json"
     installed = JS_DIR / "node_modules" / ".package-lock.json"  # npm writes it on every install
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        npm = shutil.which("npm")
-        assert npm is not None, "node is installed but npm is not: cannot install tests/js"
-        result = subprocess.run(
-            [npm, "ci", "--prefix", str(JS_DIR), "--no-audit", "--no-fund", "--loglevel=error"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, f"npm ci --prefix tests/js failed:\n{result.stdout}\n{result.stderr}"
+    # One install at a time: the runners of a parallel run (pytest-xdist) may both find it missing.
+    with open(JS_DIR / ".install.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+            _npm_ci()
     return node
+
+
+def _npm_ci() -> None:
+    npm = shutil.which("npm")
+    assert npm is not None, "node is installed but npm is not: cannot install tests/js"
+    result = subprocess.run(
+        [npm, "ci", "--prefix", str(JS_DIR), "--no-audit", "--no-fund", "--loglevel=error"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"npm ci --prefix tests/js failed:\n{result.stdout}\n{result.stderr}"
 
 
 def node_with_packages() -> str:

@@ -19,7 +19,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from recovery.schedules import beat_schedule
 
-RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8])
+# As in tests/settings.py: a pytest-xdist runner's name is part of the run id.
+RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8]) + os.environ.get(
+    "PYTEST_XDIST_WORKER", ""
+)
 REDIS_BASE = os.environ.get(
     "THINK_TEST_REDIS_URL", os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
 )

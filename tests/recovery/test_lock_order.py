@@ -27,7 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def flush_waits_for_a_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s",
             ["%WITH input AS%"],
         )
         return bool(cursor.fetchone()[0])
