@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -15,6 +16,7 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from tests.support import Proc, stack_env, start_beat, start_daphne, start_worker  # noqa: E402
+from tests.workers import WorkerPool, answering, consume, drop_parking_queues, stop_consuming  # noqa: E402
 from think_scripted.server import ScriptedModelServer  # noqa: E402
 
 
@@ -91,21 +93,43 @@ def stack_environment(
 
 
 class Stack:
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, *, warm_workers: int = 0) -> None:
         self.env = env
         self.log_dir = log_dir
         self.workers: list[Proc] = []
+        self.queue = settings.CELERY_TASK_DEFAULT_QUEUE + env.get("THINK_TEST_QUEUE_SUFFIX", "")
+        self.warm_workers = warm_workers
+        self.consuming = False  # the shared stack's worker, on the run's queue (shared_stack_aside)
+        self.pools: dict[tuple[tuple[str, str], ...], WorkerPool] = {}
+        if warm_workers:
+            self._pool({})
         self.daphne, self.port = start_daphne(env, log_dir)
 
+    def _pool(self, env: dict[str, str]) -> WorkerPool:
+        """The warm workers of the stack's environment plus `env`: `warm_workers` of its own one, one of
+        any other (a test that wants two of those finds the second started when it took the first)."""
+        key = tuple(sorted(env.items()))
+        if key not in self.pools:
+            size = self.warm_workers if not env else 1
+            self.pools[key] = WorkerPool({**self.env, **env}, self.log_dir, queue_name=self.queue, size=size)
+        return self.pools[key]
+
     def start_worker(self, *, env: dict[str, str] | None = None, **kwargs: Any) -> Proc:
-        """A worker of this stack; `env` adds to the stack's environment (settings knobs)."""
-        worker = start_worker({**self.env, **(env or {})}, self.log_dir, **kwargs)
+        """A worker of this stack; `env` adds to the stack's environment (settings knobs). With warm
+        workers, one of the default pool and concurrency comes ready from a pool (tests/workers.py)."""
+        if self.warm_workers and not kwargs:
+            worker = self._pool(env or {}).take()
+        else:
+            worker = start_worker({**self.env, **(env or {})}, self.log_dir, **kwargs)
         self.workers.append(worker)
         return worker
 
     def stop_workers(self) -> None:
+        """End the workers a test started, at once: SIGKILL, as nothing of a finished test needs their
+        warm shutdown (4 to 5 s each, which wrote after the test had ended and its data was flushed);
+        the tests of a warm shutdown send SIGTERM themselves."""
         for worker in self.workers:
-            worker.stop()
+            worker.kill(signal.SIGKILL)
         self.workers.clear()
 
     def start_beat(self) -> Proc:
@@ -113,24 +137,61 @@ class Stack:
         return self.beat
 
     def stop(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        if self.pools:
+            drop_parking_queues(settings.CELERY_BROKER_URL, self.queue)
         for proc in [*self.workers, self.daphne, *([self.beat] if getattr(self, "beat", None) else [])]:
             proc.stop()
+
+
+# The shared stack of this process (a pytest-xdist runner has its own), once a test has asked for it;
+# and the modules with a test that asks for it.
+_shared: list[Stack] = []
+_modules_with_stack: set[str] = set()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()):
+            _modules_with_stack.add(item.nodeid.split("::")[0])
 
 
 @pytest.fixture(scope="session")
 def stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
     """daphne plus one worker, shared by the end-to-end tests that do not kill processes; it holds a
-    liveness session but leaves the search for dead workers to the stacks whose workers tests kill."""
+    liveness session but leaves the search for dead workers to the stacks whose workers tests kill.
+    Its worker consumes the run's queue only during the modules that use it (shared_stack_aside)."""
     stack = Stack({**stack_environment, "THINK_TEST_LIVENESS_POLL_MS": "0"}, log_dir)
     stack.start_worker()
+    answering(stack.workers[0])
+    stack.consuming = True
+    _shared.append(stack)
     yield stack
+    _shared.clear()
     stack.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
+def shared_stack_aside(request: pytest.FixtureRequest) -> None:
+    """A module without the shared stack finds no worker on the run's queue: what it enqueues stays
+    there, as it would with no stack at all, whatever ran before it on this runner. A module with it
+    has its worker from before its first fixture (autouse fixtures come first in their scope)."""
+    if request.node.nodeid in _modules_with_stack:
+        shared = request.getfixturevalue("stack")
+        if not shared.consuming:
+            consume(shared.workers[0], shared.queue)
+            shared.consuming = True
+    elif _shared and _shared[0].consuming:
+        stop_consuming(_shared[0].workers[0], _shared[0].queue)
+        _shared[0].consuming = False
+
+
+@pytest.fixture(scope="session")
 def recovery_stack(stack_environment: dict[str, str], log_dir: Path) -> Iterator[Stack]:
-    """daphne and beat for tests that start and kill their own workers, on a queue of their own."""
-    stack = Stack({**stack_environment, "THINK_TEST_QUEUE_SUFFIX": "-recovery"}, log_dir)
+    """daphne and beat, for the whole run, for tests that start and kill their own workers (warm ones
+    from a pool), on a queue of their own; each test stops the workers it started."""
+    stack = Stack({**stack_environment, "THINK_TEST_QUEUE_SUFFIX": "-recovery"}, log_dir, warm_workers=2)
     stack.start_beat()
     yield stack
     stack.stop()

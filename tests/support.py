@@ -50,6 +50,29 @@ def wait_until(predicate: Callable[[], Any], timeout: float, message: str, inter
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
+def ticks_pass(count: int = 2, timeout: float = 20) -> None:
+    """Wait until the recovery tick has run `count` more times (each run stamps the cache as it starts:
+    recovery.heartbeat): whatever a tick would have done about the state of now, it has started by then.
+    A test that checks that something did not happen waits for this, not for a fixed time."""
+    from recovery.heartbeat import beat_last_tick
+
+    last, seen = beat_last_tick(), 0
+
+    def advanced() -> bool:
+        nonlocal last, seen
+        stamp = beat_last_tick()
+        if stamp != last:
+            last, seen = stamp, seen + 1
+        return seen >= count
+
+    wait_until(advanced, timeout, f"{count} recovery ticks")
+
+
+def wait_logged(proc: Proc, text: str, timeout: float = 20) -> None:
+    """Wait until `proc` has logged `text` (the event that shows a moment has passed)."""
+    wait_until(lambda: text in proc.log(), timeout, f"{proc.name} to log {text!r}")
+
+
 @dataclass
 class Proc:
     """A child process whose output goes to a log file, killed (whole group) at the end."""
@@ -59,6 +82,7 @@ class Proc:
     env: dict[str, str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    hostname: str = ""  # a Celery worker's node name
 
     def start(self) -> Proc:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
@@ -109,7 +133,11 @@ def start_worker(
     pool: str = "threads",
     concurrency: int = 8,
     app: str = "thinkproject",
+    queues: str | None = None,
 ) -> Proc:
+    """A Celery worker, once it says it is ready. `queues`: what it consumes (-Q), else its app's
+    default queue; its node name is kept on the Proc (`hostname`) for remote control."""
+    hostname = f"{name}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     args = [
         str(BIN / "celery"),
         "-A",
@@ -125,9 +153,10 @@ def start_worker(
         "-l",
         "info",
         "-n",
-        f"{name}-{uuid.uuid4().hex[:6]}@%h",
+        hostname,
+        *(["-Q", queues] if queues else []),
     ]
-    proc = Proc(name, args, env, log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log").start()
+    proc = Proc(name, args, env, log_dir / f"{hostname.split('@')[0]}.log", hostname=hostname).start()
     wait_until(lambda: " ready." in proc.log() or proc.popen.poll() is not None, 60, f"{name} to start")  # type: ignore[union-attr]
     assert proc.popen is not None and proc.popen.poll() is None, proc.log()
     return proc
