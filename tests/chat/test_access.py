@@ -217,7 +217,9 @@ async def refused(path: str) -> tuple[int, list[dict[str, Any]]]:
     while True:
         message = await communicator.receive_output(timeout=TIMEOUT_S)
         if message["type"] == "websocket.close":
-            await communicator.wait(timeout=TIMEOUT_S)
+            # The client goes as a closed socket does, and the consumer ends (raising what it raised):
+            # wait() alone would wait out its whole timeout, as the consumer waits for the disconnect.
+            await communicator.disconnect(code=message["code"], timeout=TIMEOUT_S)
             return message["code"], frames
         frames.append(json.loads(message["text"]))
 
@@ -261,7 +263,7 @@ async def test_frames_a_stranger_sends_anyway_change_nothing() -> None:
     ):
         await communicator.send_input({"type": "websocket.receive", "text": json.dumps(frame)})
     assert await communicator.receive_nothing(timeout=0.5)
-    await communicator.wait(timeout=TIMEOUT_S)
+    await communicator.disconnect(code=4403, timeout=TIMEOUT_S)
     assert await stored_state(conversation_id) == before
 
 

@@ -24,6 +24,7 @@ from tests.support import (
     chat_request,
     follow_conversation,
     numbers,
+    ticks_pass,
     user_message,
     wait_until,
     worker_children,
@@ -95,7 +96,9 @@ async def test_sigkill_of_the_whole_worker_mid_stream_recovers_the_turn(recovery
 
 
 async def test_sigkill_of_the_prefork_pool_child_recovers_the_turn(recovery_stack: Any) -> None:
-    worker = recovery_stack.start_worker(pool="prefork")
+    # Two children: each imports litellm as it starts (chat.tasks.preload_litellm), and a pool of eight
+    # took half a minute of this machine's two cores to start, and again to replace the killed ones.
+    worker = recovery_stack.start_worker(pool="prefork", concurrency=2)
     name = new_name("child")
     async with ChatClient(recovery_stack.port, name) as client:
         request_id = await start_turn(client, "count to 50 [rate 25]")
@@ -414,7 +417,7 @@ async def test_a_model_that_always_stalls_ends_with_the_terminal_message(recover
         log = await follow_conversation(client, timeout=90)
     errors = [e for r in log.order for e in log.streams[r].errors]
     assert errors == [terminal], "the connected client gets the terminal message once"
-    await asyncio.sleep(2)  # nothing may fire a second give-up
+    await asyncio.to_thread(ticks_pass, 2)  # nothing may fire a second give-up
     exhausted = [json.loads(v) for v in probe_redis().lrange(probe_key("exhausted", request_id), 0, -1)]
     assert len(exhausted) == 1, "on_exhausted is called exactly once"
     assert exhausted[0]["reason"] == "no_progress_timeout"

@@ -7,13 +7,16 @@ import asyncio
 import json
 import signal
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
 from chat.models import Conversation
 from chat.transcript.stop import STOPPED_TOOL_ERROR
+from recovery.conf import setting as recovery_setting
 from recovery.models import Fiber, Incident, Stream
 from tests.support import (
     ChatClient,
@@ -22,6 +25,7 @@ from tests.support import (
     chat_request,
     follow_conversation,
     numbers,
+    ticks_pass,
     user_message,
 )
 
@@ -133,7 +137,12 @@ async def test_a_stop_after_the_worker_was_killed_leaves_nothing_for_recovery(re
             assert done is not None and done["outcome"] == "aborted"
 
             await asyncio.to_thread(recovery_stack.start_worker)
-            await asyncio.sleep(6)  # two lease lifetimes and their ticks: time for any recovery to show
+            # Any recovery would start at a tick after the dead worker's lease lapsed: wait for two.
+            dead = await Fiber.objects.aget(request_id="r-dead", conversation__name=name)
+            assert dead.heartbeat_at is not None
+            lapse = dead.heartbeat_at + timedelta(seconds=recovery_setting("LEASE_TTL_S"))
+            await asyncio.sleep(max(0.0, (lapse - timezone.now()).total_seconds()))
+            await asyncio.to_thread(ticks_pass, 2)
             fibers = [(f.request_id, f.status) async for f in Fiber.objects.filter(conversation__name=name)]
             assert fibers == [("r-dead", "cancelled")], "nothing was taken over or continued"
             assert not await Incident.objects.filter(conversation__name=name).aexists()

@@ -12,7 +12,15 @@ import pytest
 
 from chat.models import TurnCompletion
 from tests.agents import completions_seen
-from tests.support import ChatClient, chat_request, follow_conversation, numbers, user_message, wait_until
+from tests.support import (
+    ChatClient,
+    chat_request,
+    follow_conversation,
+    numbers,
+    ticks_pass,
+    user_message,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -36,7 +44,7 @@ async def test_the_worker_that_finishes_a_killed_turn_reports_it_once(recovery_s
         await asyncio.to_thread(
             wait_until, lambda: completions_seen(name), 15, "the turn's completion to be delivered"
         )
-        await asyncio.sleep(1.5)  # a second delivery (the tick's sweep runs every second) would show now
+        await asyncio.to_thread(ticks_pass, 2)  # a second delivery (the tick's sweep) would show now
         [seen] = completions_seen(name)
         assert (seen["request_id"], seen["ending"], seen["text"]) == ("r-webhook", "recovered", numbers(60))
         assert seen["last_request_id"] != "r-webhook", "ended by the continuation"
