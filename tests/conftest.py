@@ -15,9 +15,21 @@ import pytest  # noqa: E402
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from tests import forkserver  # noqa: E402
 from tests.support import Proc, stack_env, start_beat, start_daphne, start_worker  # noqa: E402
 from tests.workers import WorkerPool, answering, consume, drop_parking_queues, stop_consuming  # noqa: E402
 from think_scripted.server import ScriptedModelServer  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked_workers() -> Iterator[None]:
+    """The suite's workers are forked from a process that imported litellm, Celery and Django once
+    (tests/forkserver.py), instead of each importing them again (THINK_TEST_EXEC_WORKERS=1: exec'd)."""
+    import tests.support
+
+    tests.support.FORK_WORKERS = os.environ.get("THINK_TEST_EXEC_WORKERS", "") not in ("1", "true")
+    yield
+    forkserver.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

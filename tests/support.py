@@ -20,8 +20,13 @@ from typing import Any
 import pytest
 import websockets
 
+from tests import forkserver
+from tests.forkserver import Forked
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# Whether start_worker forks workers from the fork server (tests/conftest.py turns it on for the suite).
+FORK_WORKERS = False
 
 
 def require(available: bool, what: str) -> None:
@@ -81,7 +86,7 @@ class Proc:
     args: list[str]
     env: dict[str, str]
     log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
+    popen: subprocess.Popen[bytes] | Forked | None = None
     hostname: str = ""  # a Celery worker's node name
 
     def start(self) -> Proc:
@@ -89,6 +94,11 @@ class Proc:
         self.popen = subprocess.Popen(
             self.args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        return self
+
+    def fork(self) -> Proc:
+        """Start a `celery` command from the test runner's fork server (tests/forkserver.py)."""
+        self.popen = forkserver.server(self.env).fork(self.args, self.env, self.log_path, ROOT)
         return self
 
     def log(self) -> str:
@@ -134,9 +144,11 @@ def start_worker(
     concurrency: int = 8,
     app: str = "thinkproject",
     queues: str | None = None,
+    forked: bool | None = None,
 ) -> Proc:
     """A Celery worker, once it says it is ready. `queues`: what it consumes (-Q), else its app's
-    default queue; its node name is kept on the Proc (`hostname`) for remote control."""
+    default queue; its node name is kept on the Proc (`hostname`) for remote control. `forked`: from
+    the fork server (FORK_WORKERS by default: the test suite's choice; benchmarks exec theirs)."""
     hostname = f"{name}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     args = [
         str(BIN / "celery"),
@@ -156,7 +168,11 @@ def start_worker(
         hostname,
         *(["-Q", queues] if queues else []),
     ]
-    proc = Proc(name, args, env, log_dir / f"{hostname.split('@')[0]}.log", hostname=hostname).start()
+    proc = Proc(name, args, env, log_dir / f"{hostname.split('@')[0]}.log", hostname=hostname)
+    if FORK_WORKERS if forked is None else forked:
+        proc.fork()
+    else:
+        proc.start()
     wait_until(lambda: " ready." in proc.log() or proc.popen.poll() is not None, 60, f"{name} to start")  # type: ignore[union-attr]
     assert proc.popen is not None and proc.popen.poll() is None, proc.log()
     return proc
