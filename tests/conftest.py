@@ -33,6 +33,33 @@ def forked_workers() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def flush_retries_a_deadlock() -> Iterator[None]:
+    """The flush after a transactional test (one TRUNCATE of every table, locking them in turn) may
+    deadlock with a worker or a recovery tick of a stack that outlives the test, whose transaction
+    already holds one of those tables and asks for another; Postgres then aborts one of the two. When
+    it aborts the flush, the flush runs again (the worker's side retries at its next tick)."""
+    import time
+
+    from django.db import OperationalError
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    original = BaseDatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self: BaseDatabaseOperations, sql_list: list[str]) -> None:
+        for attempt in range(5):
+            try:
+                return original(self, sql_list)
+            except OperationalError as exc:
+                if "deadlock detected" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    BaseDatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign]
+    yield
+    BaseDatabaseOperations.execute_sql_flush = original  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session", autouse=True)
 def drop_run_queue() -> Iterator[None]:
     """Each run has its own Celery queue and prefixes (tests/settings.py): nothing to wipe before, and
     concurrent runs never see each other's work. The run's queue is removed when it ends."""
