@@ -28,7 +28,7 @@ from recovery.alarms import fire_alarm
 from recovery.engine import recover_fiber
 from recovery.models import Fiber
 from recovery.runtime import db
-from tests.inprocess import stored_text, take_expired
+from tests.inprocess import stored_text, take_released
 from tests.support import TEST_PRINCIPAL
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("in_process_model")]
@@ -186,7 +186,7 @@ async def test_a_regeneration_killed_mid_stream_is_recovered_on_its_own_branch(
     running.cancel()  # its worker stops: what it stored stays, its lease lapses
     with pytest.raises(asyncio.CancelledError):
         await running
-    assert await db(take_expired) == [accepted.fiber_id]
+    assert await take_released() == [accepted.fiber_id]
     with pytest.raises(ConversationBusy):  # nobody switches the branch under a recovering turn
         await db(branch_switch, conversation_id=cid, anchor_message_id="u1", index=0)
 

@@ -27,7 +27,7 @@ from recovery.metrics import MODEL_COST, MODEL_TOKENS
 from recovery.models import Fiber, Incident
 from recovery.runtime import db
 from tests.agents import probe_key, probe_redis
-from tests.inprocess import take_expired
+from tests.inprocess import take_released
 from think_scripted.server import count_prompt_tokens
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("in_process_model")]
@@ -119,7 +119,7 @@ async def test_a_recovery_over_its_token_budget_is_given_up_through_the_one_term
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
-    assert await db(take_expired) == [continuation.pk]
+    assert await take_released() == [continuation.pk]
     await recover_fiber(continuation.pk)
 
     incident = await Incident.objects.aget(conversation_id=cid)
@@ -144,7 +144,7 @@ async def interrupt(fiber: Fiber) -> Fiber:
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
-    assert await db(take_expired) == [fiber.pk]
+    assert await take_released() == [fiber.pk]
     return fiber
 
 
