@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -173,10 +172,16 @@ async def test_a_clear_skips_open_submissions(stack: Any) -> None:
         await client.recv_type("cf_agent_use_chat_response")
         queued = await sync_to_async(agent.submit_messages)(["count to 2"])
         await client.send({"type": "cf_agent_chat_clear"})
-        await asyncio.sleep(0.5)
+
+        def settled() -> bool:
+            """The submission is no longer open and the cleared turn's fiber has reached its end."""
+            row = agent.get_submission(queued.submission_id)
+            active = Fiber.objects.filter(conversation_id=agent.conversation_id).active().exists()
+            return row.status not in ("pending", "running") and not active
+
+        await sync_to_async(wait_until)(settled, 15, "the clear to settle the submission and the turn")
     row = await sync_to_async(agent.get_submission)(queued.submission_id)
     assert (row.status, row.error) == ("skipped", SKIPPED_TEXT)
-    await asyncio.sleep(1)
     assert await sync_to_async(agent.messages)() == []
 
 
