@@ -1,6 +1,7 @@
 """Warm Celery workers: started ahead of need, parked, and handed to a stack when a test wants one.
 
-A worker takes about 4.5 s to become ready (Django, Celery, litellm), and the tests that kill workers
+A worker takes a while to become ready (about 4.5 s exec'd; forked from the runner's fork server,
+tests/forkserver.py, still its Django set-up and broker connections), and the tests that kill workers
 start two or three each. The pool keeps `size` workers of a stack's environment ready, each consuming
 only a parking queue of its own; `take()` tells one by Celery's remote control to consume the stack's
 queue and to stop consuming its parking queue, and starts a replacement in the background. The worker
@@ -49,7 +50,7 @@ class WorkerPool:
                 self._parked.put((worker, park))
 
         thread = threading.Thread(target=start, name=f"start {park}", daemon=True)
-        self._starting.append(thread)
+        self._starting = [*(t for t in self._starting if t.is_alive()), thread]
         thread.start()
 
     def take(self, timeout: float = 120) -> Proc:
