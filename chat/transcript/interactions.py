@@ -98,12 +98,22 @@ def continuation_due(conversation: Conversation, message: Message) -> bool:
     return leaf is not None and leaf.pk == message.pk
 
 
+Announce = Callable[[dict[str, Any]], None]
+
+
 def interaction_apply(
-    *, conversation_id: int, update: dict[str, Any], owner: str | None = None
+    *,
+    conversation_id: int,
+    update: dict[str, Any],
+    owner: str | None = None,
+    announce: Announce | None = None,
 ) -> InteractionResult:
     """Apply one result or approval (`update["kind"]`); buffered while its turn is still finishing.
 
-    `owner`, the connection that answered, owns the continuation it starts.
+    `owner`, the connection that answered, owns the continuation it starts. `announce` gets the
+    updated message once the change is committed and before the continuation is sent to a worker:
+    every client hears of the update before the first frame of the continuation, so a late copy of
+    the stored message cannot overwrite the continuation's text on a screen.
     """
 
     with transaction.atomic():
@@ -111,6 +121,9 @@ def interaction_apply(
         if update.get("clientTools") is not None:
             conversation.last_client_tools = update["clientTools"]
         status, message = _apply(conversation, update)
+        if status == "applied" and message is not None and announce is not None:
+            stored = message.as_ui_message()  # on_commit hooks run in order: this one first
+            transaction.on_commit(lambda: announce(stored), robust=True)
         in_flight = [Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]  # its message is not stored yet
         if (
             status == "unknown"
@@ -131,11 +144,16 @@ def interaction_apply(
 
 
 def tool_result_apply(
-    *, conversation_id: int, result: ToolResult, owner: str | None = None
+    *,
+    conversation_id: int,
+    result: ToolResult,
+    owner: str | None = None,
+    announce: Announce | None = None,
 ) -> InteractionResult:
     return interaction_apply(
         conversation_id=conversation_id,
         owner=owner,
+        announce=announce,
         update={
             "kind": "result",
             "toolCallId": result.tool_call_id,
@@ -149,11 +167,16 @@ def tool_result_apply(
 
 
 def tool_approval_apply(
-    *, conversation_id: int, approval: ToolApproval, owner: str | None = None
+    *,
+    conversation_id: int,
+    approval: ToolApproval,
+    owner: str | None = None,
+    announce: Announce | None = None,
 ) -> InteractionResult:
     return interaction_apply(
         conversation_id=conversation_id,
         owner=owner,
+        announce=announce,
         update={
             "kind": "approval",
             "toolCallId": approval.tool_call_id,

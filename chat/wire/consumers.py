@@ -34,7 +34,7 @@ from ..turn.branching import aswitch_branch
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
-from .broadcast import group_name, release_parked
+from .broadcast import group_name, publish_sync, release_parked
 from .limits import frame_bucket
 from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from .presence import connection_join, connection_leave
@@ -247,20 +247,31 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
         result = await database_sync_to_async(tool_result_apply)(
-            conversation_id=self.conversation_id, result=frame, owner=self.channel_name
+            conversation_id=self.conversation_id,
+            result=frame,
+            owner=self.channel_name,
+            announce=self._announce_update,
         )
-        await self._interaction_applied(result, frame.tool_call_id)
+        self._interaction_applied(result, frame.tool_call_id)
 
     async def on_toolapproval(self, frame: p.ToolApproval) -> None:
         result = await database_sync_to_async(tool_approval_apply)(
-            conversation_id=self.conversation_id, approval=frame, owner=self.channel_name
+            conversation_id=self.conversation_id,
+            approval=frame,
+            owner=self.channel_name,
+            announce=self._announce_update,
         )
-        await self._interaction_applied(result, frame.tool_call_id)
+        self._interaction_applied(result, frame.tool_call_id)
 
-    async def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
-        if result.message is not None:  # every tab, the sender too, replaces the message by id
-            await self._group_broadcast(p.message_updated_frame(result.message), exclude=[])
-        elif result.status == "unknown":
+    def _announce_update(self, message: dict[str, Any]) -> None:
+        """Every tab, the sender too, replaces the message by id. Run on commit, in the database
+        thread, before the continuation the answer completes is sent to a worker: published after
+        it, a slow web process could deliver this stored copy after the continuation had streamed
+        into the message, and the copy would wipe it from the screen."""
+        publish_sync(self.conversation_id, p.message_updated_frame(message))
+
+    def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
+        if result.status == "unknown":
             logger.info("answer for unknown tool call %s ignored", tool_call_id, extra=self._log_extra())
 
     async def on_clear(self, frame: p.Clear) -> None:

@@ -127,3 +127,51 @@ def test_an_answer_that_beats_its_turn_to_the_database_is_applied_when_the_turn_
     assert stored.parts[0]["state"] == "output-available" and stored.parts[0]["output"] == 7
     assert conversation.tool_updates == []
     assert Fiber.objects.filter(conversation=conversation, kind=TurnKind.CONTINUE).count() == 1
+
+
+# -- through the socket -------------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("frame_type", ["cf_agent_tool_approval", "cf_agent_tool_result"])
+async def test_every_tab_hears_of_the_answer_before_its_continuation_is_sent_to_a_worker(
+    frame_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored message goes out before the continuation can stream into it. Published after the
+    continuation was sent (as it once was), a web process slower than the worker delivered the stored
+    copy after the continuation's text, and the page replaced the message with it (a CI flake of
+    tests/e2e/test_page.py)."""
+    import json
+
+    from channels.layers import get_channel_layer
+
+    import chat.transcript.turns
+    from chat.wire import protocol as p
+    from tests.chat.sockets import connected, new_name, receive_until, seed_conversation
+
+    events: list[str] = []
+    layer = get_channel_layer()
+    assert layer is not None
+    group_send = layer.group_send
+
+    async def recorded_group_send(group: str, message: dict[str, Any]) -> None:
+        await group_send(group, message)
+        if message.get("type") == "think.broadcast":
+            events.append(json.loads(message["frame"])["type"])
+
+    monkeypatch.setattr(layer, "group_send", recorded_group_send)
+    monkeypatch.setattr(chat.transcript.turns, "turn_send", lambda fiber_id: events.append("turn sent"))
+    name = new_name("answer-order")
+    waiting = "approval-requested" if frame_type == "cf_agent_tool_approval" else "input-available"
+    await seed_conversation(
+        name,
+        [
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]},
+            {"id": "a1", "role": "assistant", "parts": [part(waiting, "c1")]},
+        ],
+    )
+    answer: dict[str, Any] = {"type": frame_type, "toolCallId": "c1", "autoContinue": True}
+    answer.update({"approved": True} if frame_type == "cf_agent_tool_approval" else {"output": 7})
+    async with connected(name) as client:
+        await client.send_to(text_data=json.dumps(answer))
+        frames = await receive_until(client, lambda frame: frame["type"] == p.MESSAGE_UPDATED)
+    assert frames[-1]["message"]["id"] == "a1"
+    assert events == [p.MESSAGE_UPDATED, "turn sent"], "the update first, then the continuation"

@@ -61,6 +61,7 @@ def sync_api() -> Any:
 
 def open_page(browser: Any, port: int, name: str) -> Any:
     page = browser.new_page()
+    record_frames(page)
     page.goto(f"http://127.0.0.1:{port}/#{name}")
     page.wait_for_function("window.thinkChat && window.thinkChat.status() === 'idle'", timeout=15_000)
     return page
@@ -119,13 +120,37 @@ def last_text(page: Any) -> str:
     )
 
 
+FRAMES_KEPT = 60
+
+
+def record_frames(page: Any) -> None:
+    """Keep the last frames of the page's sockets (`page.frames_seen`), for a failure to show."""
+    seen: list[str] = []
+    page.frames_seen = seen
+
+    def keep(direction: str, payload: Any) -> None:
+        seen.append(f"{direction} {str(payload)[:300]}")
+        del seen[:-FRAMES_KEPT]
+
+    def on_socket(socket: Any) -> None:
+        socket.on("framesent", lambda payload: keep(">", payload))
+        socket.on("framereceived", lambda payload: keep("<", payload))
+
+    page.on("websocket", on_socket)
+
+
 def wait_for_text(page: Any, text: str, timeout: float = 30_000) -> None:
-    page.wait_for_function(
-        "(t) => window.thinkChat.messages().some(m => m.role === 'assistant'"
-        " && m.parts.some(p => p.type === 'text' && p.text === t))",
-        arg=text,
-        timeout=timeout,
-    )
+    try:
+        page.wait_for_function(
+            "(t) => window.thinkChat.messages().some(m => m.role === 'assistant'"
+            " && m.parts.some(p => p.type === 'text' && p.text === t))",
+            arg=text,
+            timeout=timeout,
+        )
+    except sync_api().TimeoutError:
+        shown = page.evaluate("JSON.stringify(window.thinkChat.messages())")
+        frames = "\n".join(getattr(page, "frames_seen", []))
+        raise AssertionError(f"{text!r} never shown.\nmessages: {shown}\nlast frames:\n{frames}") from None
 
 
 def test_approve_a_tool_from_the_page(stack: Any, browser: Any) -> None:
