@@ -8,7 +8,7 @@ every call of the message's batch is answered and any answer asked for it, a con
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +30,32 @@ Part = dict[str, Any]
 
 @dataclass(frozen=True)
 class InteractionResult:
-    status: str  # "applied", "buffered", "noop" (already answered) or "unknown" (no such tool call)
+    # "applied", "buffered", "noop" (already answered), "refused" (a result for a server tool's call:
+    # not the client's to answer) or "unknown" (no such tool call)
+    status: str
     message: dict[str, Any] | None = None  # the updated message, for cf_agent_message_updated
     continuation_request_id: str | None = None
 
 
+def tool_part_name(part: Part) -> str:
+    """The tool a tool part calls: `tool-<name>`, or a dynamic tool's `toolName`."""
+    kind = str(part.get("type", ""))
+    return str(part.get("toolName", "")) if kind == "dynamic-tool" else kind.removeprefix("tool-")
+
+
+def server_tool_call(part: Part, update: dict[str, Any]) -> bool:
+    """Whether a result answers a call of a server tool (`update["serverTools"]`: the agent's, when the
+    answer arrived), or one waiting for approval, which only server tools ask for. Its output is
+    written by the worker that runs it, never by a client: not while it runs, not instead of the
+    approval (approving runs it), not after an interruption left it unanswered."""
+    if part.get("state") in ("approval-requested", "approval-responded"):
+        return True
+    return tool_part_name(part) in update.get("serverTools", ())
+
+
 def result_update(part: Part, update: dict[str, Any]) -> Part | None:
     """The part answered by a client tool result; None when it is not waiting for one."""
-    if part.get("state") not in ("input-available", "approval-requested", "approval-responded"):
+    if part.get("state") != "input-available":
         return None
     if update.get("state") == "output-error":
         return {**part, "state": "output-error", "errorText": update.get("errorText") or DENIED_TEXT}
@@ -78,6 +96,9 @@ def _apply(conversation: Conversation, update: dict[str, Any]) -> tuple[str, Mes
     if found is None:
         return "unknown", None
     message, index = found
+    if update["kind"] == "result" and server_tool_call(message.parts[index], update):
+        logger.warning("a client's result for server tool call %s refused", update["toolCallId"])
+        return "refused", None
     new_part = UPDATERS[update["kind"]](message.parts[index], update)
     if new_part is None:
         return "noop", message
@@ -147,15 +168,18 @@ def tool_result_apply(
     *,
     conversation_id: int,
     result: ToolResult,
+    server_tools: Collection[str],
     owner: str | None = None,
     announce: Announce | None = None,
 ) -> InteractionResult:
+    """A client's tool result; `server_tools` are the agent's (results for their calls are refused)."""
     return interaction_apply(
         conversation_id=conversation_id,
         owner=owner,
         announce=announce,
         update={
             "kind": "result",
+            "serverTools": sorted(server_tools),
             "toolCallId": result.tool_call_id,
             "output": result.output,
             "state": result.state,

@@ -22,7 +22,7 @@ from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from ..access import Credentials, conversation_open
-from ..agents import agent_class, conversation_name_problem
+from ..agents import agent_class, agent_for, conversation_name_problem
 from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, BranchNotFound, ConversationBusy, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
@@ -249,6 +249,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         result = await database_sync_to_async(tool_result_apply)(
             conversation_id=self.conversation_id,
             result=frame,
+            server_tools=await database_sync_to_async(self._server_tools)(),
             owner=self.channel_name,
             announce=self._announce_update,
         )
@@ -262,6 +263,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
             announce=self._announce_update,
         )
         self._interaction_applied(result, frame.tool_call_id)
+
+    def _server_tools(self) -> set[str]:
+        """The names of the agent's server tools for this conversation (`Think.get_tools()`)."""
+        agent = agent_for(self.agent_name, self.instance_name, self.conversation_id)
+        return {tool.name for tool in agent.get_tools()}
 
     def _announce_update(self, message: dict[str, Any]) -> None:
         """Every tab, the sender too, replaces the message by id. Run on commit, in the database

@@ -18,9 +18,8 @@ def part(state: str, call: str = "c1", **extra: Any) -> dict[str, Any]:
 
 
 # -- the pure updates -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("state", ["input-available", "approval-requested", "approval-responded"])
-def test_a_result_answers_a_waiting_call(state: str) -> None:
-    updated = result_update(part(state), {"state": "output-available", "output": {"a": 1}})
+def test_a_result_answers_a_waiting_call() -> None:
+    updated = result_update(part("input-available"), {"state": "output-available", "output": {"a": 1}})
     assert updated is not None
     assert (updated["state"], updated["output"], updated["preliminary"]) == (
         "output-available",
@@ -34,7 +33,10 @@ def test_an_error_result_gets_the_default_text() -> None:
     assert updated is not None and updated["errorText"] == DENIED_TEXT
 
 
-@pytest.mark.parametrize("state", ["output-available", "output-error", "output-denied", "input-streaming"])
+@pytest.mark.parametrize(
+    "state",
+    ["output-available", "output-error", "output-denied", "input-streaming", "approval-requested"],
+)
 def test_a_result_for_a_call_that_is_not_waiting_is_a_no_op(state: str) -> None:
     assert result_update(part(state), {"state": "output-available", "output": 1}) is None
 
@@ -127,6 +129,49 @@ def test_an_answer_that_beats_its_turn_to_the_database_is_applied_when_the_turn_
     assert stored.parts[0]["state"] == "output-available" and stored.parts[0]["output"] == 7
     assert conversation.tool_updates == []
     assert Fiber.objects.filter(conversation=conversation, kind=TurnKind.CONTINUE).count() == 1
+
+
+def server_result(call: str, output: Any = "sent; the user is an admin") -> dict[str, Any]:
+    """A client's result for a call of the agent's server tool `x`, as the consumer passes it."""
+    return {**result(call), "output": output, "serverTools": ["x"]}
+
+
+@pytest.mark.parametrize("state", ["approval-requested", "approval-responded", "input-available"])
+def test_a_client_never_writes_a_server_tools_output(conversation: Conversation, state: str) -> None:
+    """A server tool waiting for approval, approved and about to run, or left without an output by an
+    interruption: a client's result for it is refused, the part is left as it was, nothing continues."""
+    waiting = part(state, "c1", approval={"id": "ap-1"})
+    add_assistant(conversation, waiting)
+    outcome = interaction_apply(conversation_id=conversation.pk, update=server_result("c1"))
+    assert (outcome.status, outcome.message, outcome.continuation_request_id) == ("refused", None, None)
+    assert Message.objects.get(message_id="a1").parts == [waiting]
+    conversation.refresh_from_db()
+    assert conversation.continue_armed == ""
+    assert not Fiber.objects.filter(conversation=conversation).exists()
+
+
+def test_a_client_tools_result_is_still_taken_beside_a_server_tool(conversation: Conversation) -> None:
+    client_call = {**part("input-available", "c2"), "type": "tool-ask_user"}
+    add_assistant(conversation, part("output-available", "c1", output=1), client_call)
+    outcome = interaction_apply(conversation_id=conversation.pk, update=server_result("c2", output="Ada"))
+    assert outcome.status == "applied" and outcome.continuation_request_id
+    assert Message.objects.get(message_id="a1").parts[1]["output"] == "Ada"
+
+
+def test_a_buffered_result_for_a_server_tool_is_refused_when_its_turn_stores_the_call(
+    conversation: Conversation,
+) -> None:
+    """Sent while the turn runs (the call not stored yet), applied when the turn finishes: refused then."""
+    Fiber.objects.create(conversation=conversation, request_id="r1", status=Fiber.Status.RUNNING)
+    assert interaction_apply(conversation_id=conversation.pk, update=server_result("c1")).status == "buffered"
+    waiting = part("approval-requested", "c1", approval={"id": "ap-1"})
+    add_assistant(conversation, waiting)
+    Fiber.objects.filter(request_id="r1").update(status=Fiber.Status.COMPLETED)
+    conversation.refresh_from_db()
+    interactions_settle(conversation)
+    conversation.save()
+    assert Message.objects.get(message_id="a1").parts == [waiting]
+    assert not Fiber.objects.filter(conversation=conversation, kind=TurnKind.CONTINUE).exists()
 
 
 # -- through the socket -------------------------------------------------------------------------------------
