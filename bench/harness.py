@@ -22,6 +22,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "thinkproject.settings")
 # As in production: DEBUG keeps every query in memory and wraps every cursor.
 os.environ.setdefault("DJANGO_DEBUG", "0")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# A benchmark is a flood by design, mostly from one principal: the per-principal limits are lifted
+# (bench/overload.py --max-active sets one back; bench/limits.py measures them).
+for _limit in (
+    "PRINCIPAL_MAX_ACTIVE_TURNS",
+    "PRINCIPAL_TURNS_PER_MINUTE",
+    "PRINCIPAL_TOKENS_PER_DAY",
+    "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS",
+):
+    os.environ.setdefault(f"THINK_{_limit}", "none")
 # Keep the benchmark's queues and groups away from a dev stack on the same Redis.
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
 os.environ.setdefault("CHANNELS_REDIS_URL", "redis://127.0.0.1:6379/11")

@@ -312,7 +312,7 @@ class TurnCompletionAdmin(OperatorAdmin[TurnCompletion]):
 class PrincipalUsageAdmin(OperatorAdmin[PrincipalUsage]):
     """What each principal started and spent per day, and their turns running now (THINK limits)."""
 
-    list_display = ["principal", "day", "turns", "output_tokens", "active_turns"]
+    list_display = ["principal", "day", "turns", "input_tokens", "output_tokens", "active_turns"]
     list_filter = ["day"]
     search_fields = ["principal"]
     date_hierarchy = "day"

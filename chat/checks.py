@@ -48,7 +48,9 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 PRINCIPAL_LIMITS = (
     "PRINCIPAL_MAX_ACTIVE_TURNS",
     "PRINCIPAL_TURNS_PER_MINUTE",
+    "PRINCIPAL_TOKENS_PER_DAY",
     "PRINCIPAL_OUTPUT_TOKENS_PER_DAY",
+    "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS",
 )
 
 

@@ -55,11 +55,16 @@ DEFAULTS: dict[str, Any] = {
     "MAX_FRAMES_PER_S": 20.0,  # frames per connection per second, after a burst of ...
     "MAX_FRAME_BURST": 100,
     # Limits per principal (chat.access: a user, a session, a token's subject), over all their sockets and
-    # conversations, enforced in Postgres under a per-principal lock; None: no limit. A chat request over
-    # one is refused with an error frame and nothing is stored (chat.transcript.quotas).
-    "PRINCIPAL_MAX_ACTIVE_TURNS": None,  # turns queued or running at once
-    "PRINCIPAL_TURNS_PER_MINUTE": None,  # chat requests accepted in the last 60 s
-    "PRINCIPAL_OUTPUT_TOKENS_PER_DAY": None,  # output tokens of the UTC day (as the model reported them)
+    # conversations, enforced in Postgres under a per-principal lock; None: no limit. Every turn a client
+    # causes is checked: a chat request over one is refused with an error frame and nothing is stored, a
+    # continuation a tool answer would start does not start (chat.transcript.quotas, docs/security.md).
+    "PRINCIPAL_MAX_ACTIVE_TURNS": 10,  # turns queued or running at once
+    "PRINCIPAL_TURNS_PER_MINUTE": 30,  # turns started in the last 60 s (chat requests, continuations)
+    "PRINCIPAL_TOKENS_PER_DAY": 5_000_000,  # input + output tokens of the UTC day, as the model reported
+    "PRINCIPAL_OUTPUT_TOKENS_PER_DAY": None,  # output tokens of the UTC day
+    # Anonymous visitors get a new principal with each session cookie: their turns are also counted per
+    # client address (the cache must be shared by the web processes for this to hold across them).
+    "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS": 20,
 }
 
 

@@ -226,6 +226,7 @@ class PrincipalUsage(models.Model):
     principal = models.CharField(max_length=255)
     day = models.DateField()
     turns = models.PositiveIntegerField(default=0)  # chat requests accepted
+    input_tokens = models.BigIntegerField(default=0)  # as the model reported them, per finished run
     output_tokens = models.BigIntegerField(default=0)  # as the model reported them, per finished run
 
     class Meta:

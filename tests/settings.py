@@ -38,6 +38,13 @@ else:
 
 THINK = {
     **THINK,
+    # Every test is one principal (tests.support.TEST_PRINCIPAL), thousands of turns in a few minutes,
+    # two runners at once: the per-principal limits are lifted here. tests/chat/test_quotas.py runs
+    # them, at their defaults too; the README site and `make run` tests run with every default.
+    "PRINCIPAL_MAX_ACTIVE_TURNS": None,
+    "PRINCIPAL_TURNS_PER_MINUTE": None,
+    "PRINCIPAL_TOKENS_PER_DAY": None,
+    "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS": None,
     "GROUP_PREFIX": "thinktest",
     "AGENTS": {
         "assistant": "thinkproject.agents.Assistant",

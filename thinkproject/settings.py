@@ -179,10 +179,19 @@ if os.environ.get("THINK_CANCEL_SIGNALS") == "0":  # behind PgBouncer in transac
     THINK["CANCEL_SIGNALS"] = False
 if os.environ.get("THINK_LIVENESS_SESSIONS") == "0":  # the lease alone detects a dead worker (same reason)
     THINK["LIVENESS_SESSIONS"] = False
-# Admission limits and the recovery batch (README's table; bench/overload.py sets them for its stack).
-for _key in ("MAX_QUEUED_TURNS", "PRINCIPAL_MAX_ACTIVE_TURNS", "RECOVERY_CLAIMS_PER_TICK"):
+# Admission limits and the recovery batch (README's table; the benchmarks set them for their stacks).
+# "none" lifts a limit.
+for _key in (
+    "MAX_QUEUED_TURNS",
+    "PRINCIPAL_MAX_ACTIVE_TURNS",
+    "PRINCIPAL_TURNS_PER_MINUTE",
+    "PRINCIPAL_TOKENS_PER_DAY",
+    "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS",
+    "RECOVERY_CLAIMS_PER_TICK",
+):
     if os.environ.get(f"THINK_{_key}"):
-        THINK[_key] = int(os.environ[f"THINK_{_key}"])
+        _value = os.environ[f"THINK_{_key}"]
+        THINK[_key] = None if _value.lower() == "none" else int(_value)
 
 from recovery.schedules import beat_schedule  # noqa: E402
 

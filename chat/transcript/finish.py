@@ -33,7 +33,8 @@ class TurnOutcome:
     terminal: str | None = None  # error text recorded for late reconnects
     # Tool outputs for calls of earlier messages (approved tools run by a continuation).
     foreign_updates: list[dict[str, Any]] = field(default_factory=list)
-    output_tokens: int = 0  # the run's output tokens, counted against its owner's day (quotas)
+    # The run's output tokens, counted against its owner's day with its fiber's input tokens (quotas).
+    output_tokens: int = 0
 
 
 _FINISH_LOCK = (
@@ -109,8 +110,10 @@ def turn_finish(
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_FINISH_LOCK.format(**tables), [conversation_id])
         tool_updates, continue_armed, owner, agent = cursor.fetchone()
-        if owner and outcome.output_tokens > 0:
-            cursor.execute(ADD_TOKENS, [owner, outcome.output_tokens])
+        if owner:
+            cursor.execute(
+                ADD_TOKENS, {"principal": owner, "output": outcome.output_tokens, "fiber": fiber_id}
+            )
         request_id, snapshot = fiber_finish_on(
             cursor, fiber_id=fiber_id, fencing=fencing, status=outcome.status, error=outcome.terminal or ""
         )

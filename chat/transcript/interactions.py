@@ -18,6 +18,7 @@ from recovery.models import Fiber
 
 from ..models import Conversation, Message
 from ..wire.protocol import ToolApproval, ToolResult
+from .quotas import principal_refusal, principal_turn_counted
 from .repair import batch_complete, is_settled
 from .turns import turn_start_followup
 
@@ -35,6 +36,7 @@ class InteractionResult:
     status: str
     message: dict[str, Any] | None = None  # the updated message, for cf_agent_message_updated
     continuation_request_id: str | None = None
+    refused: str = ""  # why the continuation the answer completes did not start (a principal's limit)
 
 
 def tool_part_name(part: Part) -> str:
@@ -128,10 +130,12 @@ def interaction_apply(
     update: dict[str, Any],
     owner: str | None = None,
     announce: Announce | None = None,
+    address: str | None = None,
 ) -> InteractionResult:
     """Apply one result or approval (`update["kind"]`); buffered while its turn is still finishing.
 
-    `owner`, the connection that answered, owns the continuation it starts. `announce` gets the
+    `owner`, the connection that answered, owns the continuation it starts, if the conversation's
+    principal (answering from `address`) is within its limits (chat.transcript.quotas). `announce` gets the
     updated message once the change is committed and before the continuation is sent to a worker:
     every client hears of the update before the first frame of the continuation, so a late copy of
     the stored message cannot overwrite the continuation's text on a screen.
@@ -152,16 +156,19 @@ def interaction_apply(
         ):
             conversation.tool_updates = [*conversation.tool_updates, update]
             status = "buffered"
-        continuation = None
+        continuation, refused = None, ""
         if status == "applied" and message is not None and continuation_due(conversation, message):
             conversation.continue_armed = ""
-            followup = turn_start_followup(
-                conversation=conversation, require_idle=False, owner_channel=owner or None
-            )
-            continuation = followup.request_id
+            refused = principal_refusal(conversation.owner, address=address)
+            if not refused:
+                followup = turn_start_followup(
+                    conversation=conversation, require_idle=False, owner_channel=owner or None
+                )
+                continuation = followup.request_id
+                principal_turn_counted(conversation.owner)
         conversation.save(update_fields=["last_client_tools", "tool_updates", "continue_armed", "updated_at"])
     ui_message = message.as_ui_message() if status == "applied" and message is not None else None
-    return InteractionResult(status, ui_message, continuation)
+    return InteractionResult(status, ui_message, continuation, refused)
 
 
 def tool_result_apply(
@@ -171,12 +178,14 @@ def tool_result_apply(
     server_tools: Collection[str],
     owner: str | None = None,
     announce: Announce | None = None,
+    address: str | None = None,
 ) -> InteractionResult:
     """A client's tool result; `server_tools` are the agent's (results for their calls are refused)."""
     return interaction_apply(
         conversation_id=conversation_id,
         owner=owner,
         announce=announce,
+        address=address,
         update={
             "kind": "result",
             "serverTools": sorted(server_tools),
@@ -196,11 +205,13 @@ def tool_approval_apply(
     approval: ToolApproval,
     owner: str | None = None,
     announce: Announce | None = None,
+    address: str | None = None,
 ) -> InteractionResult:
     return interaction_apply(
         conversation_id=conversation_id,
         owner=owner,
         announce=announce,
+        address=address,
         update={
             "kind": "approval",
             "toolCallId": approval.tool_call_id,

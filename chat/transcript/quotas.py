@@ -1,64 +1,96 @@
-"""Limits per principal (THINK["PRINCIPAL_*"]): turns at once, turns a minute, output tokens a day.
+"""Limits per principal (THINK["PRINCIPAL_*"]): turns at once, turns a minute, tokens a day.
 
 A principal is whom a conversation belongs to (chat.access), whatever socket or conversation name they
-use. The checks run in the accepting transaction under a Postgres advisory lock on the principal, so two
+use. Every turn a client can cause is checked: a chat request, and a continuation that a client's tool
+result or approval starts (each is a model call). Recovery's own continuations finish a turn that was
+accepted, and are bounded by its budget instead (ChatRecovery).
+
+The checks run in the accepting transaction under a Postgres advisory lock on the principal, so two
 web processes accepting for the same principal take turns and a limit cannot be overrun by a race. The
 counts come from the fibers themselves (active, started in the last minute) and from PrincipalUsage
-(tokens of the day, written when a run finishes). Nothing is looked up or locked while no limit is set.
+(tokens of the day, input and output, written when a run finishes). Anonymous visitors (an
+`AccessPolicy` with `anonymous_sessions`) get a new principal with every new session cookie, so their
+turns are also counted per client address (THINK["ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS"]), in the
+cache, which must be shared by the web processes (Redis, as in the demo) for the count to be global.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
 from recovery.models import Fiber
 
 from ..conf import think_setting
-from .snapshot import TurnKind
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _COUNT_TURN = """
-INSERT INTO think_chat_principal_usage (principal, day, turns, output_tokens)
-VALUES (%s, (now() AT TIME ZONE 'UTC')::date, 1, 0)
+INSERT INTO think_chat_principal_usage (principal, day, turns, input_tokens, output_tokens)
+VALUES (%s, (now() AT TIME ZONE 'UTC')::date, 1, 0, 0)
 ON CONFLICT (principal, day) DO UPDATE SET turns = think_chat_principal_usage.turns + 1
 """
+# A finished run's tokens: its input tokens as its fiber recorded them step by step, its output tokens
+# as the run counted them. One statement, inside the transaction that finishes the turn.
 ADD_TOKENS = """
-INSERT INTO think_chat_principal_usage (principal, day, turns, output_tokens)
-VALUES (%s, (now() AT TIME ZONE 'UTC')::date, 0, %s)
+INSERT INTO think_chat_principal_usage (principal, day, turns, input_tokens, output_tokens)
+SELECT %(principal)s, (now() AT TIME ZONE 'UTC')::date, 0, f.input_tokens, %(output)s
+FROM think_recovery_fiber f WHERE f.id = %(fiber)s AND (f.input_tokens > 0 OR %(output)s > 0)
 ON CONFLICT (principal, day) DO UPDATE
-SET output_tokens = think_chat_principal_usage.output_tokens + EXCLUDED.output_tokens
+SET input_tokens = think_chat_principal_usage.input_tokens + EXCLUDED.input_tokens,
+    output_tokens = think_chat_principal_usage.output_tokens + EXCLUDED.output_tokens
 """
 _TOKENS_TODAY = """
-SELECT output_tokens FROM think_chat_principal_usage
+SELECT input_tokens, output_tokens FROM think_chat_principal_usage
 WHERE principal = %s AND day = (now() AT TIME ZONE 'UTC')::date
 """
+ANONYMOUS_PREFIX = "session:"  # chat.access: the principal of an anonymous visitor's session
 
 
-def principal_refusal(principal: str) -> str:
-    """Why a new turn of `principal` is over a limit ("" when it is not). Call inside the accepting
-    transaction: the lock it takes is held until that transaction ends."""
+def principal_refusal(principal: str, *, address: str | None = None) -> str:
+    """Why a new turn of `principal` (from the client `address`, when known) is over a limit ("" when
+    it is not). Call inside the accepting transaction: the lock it takes is held until that ends."""
+    if not principal:
+        return ""  # server code's conversations (no owner)
+    refused = _address_refusal(principal, address)
+    if refused:
+        return refused
     active = think_setting("PRINCIPAL_MAX_ACTIVE_TURNS")
     per_minute = think_setting("PRINCIPAL_TURNS_PER_MINUTE")
-    per_day = think_setting("PRINCIPAL_OUTPUT_TOKENS_PER_DAY")
-    if not principal or (active is None and per_minute is None and per_day is None):
+    tokens = think_setting("PRINCIPAL_TOKENS_PER_DAY")
+    output = think_setting("PRINCIPAL_OUTPUT_TOKENS_PER_DAY")
+    if active is None and per_minute is None and tokens is None and output is None:
         return ""
     with connection.cursor() as cursor:
         cursor.execute(_LOCK, [f"think-principal:{principal}"])
-        if per_day is not None:
+        if tokens is not None or output is not None:
             cursor.execute(_TOKENS_TODAY, [principal])
-            row = cursor.fetchone()
-            if row is not None and row[0] >= per_day:
-                return f"you have used your {per_day} output tokens for today (UTC); try again tomorrow"
+            used_in, used_out = cursor.fetchone() or (0, 0)
+            if tokens is not None and used_in + used_out >= tokens:
+                return f"you have used your {tokens} tokens for today (UTC); try again tomorrow"
+            if output is not None and used_out >= output:
+                return f"you have used your {output} output tokens for today (UTC); try again tomorrow"
     mine = Fiber.objects.filter(conversation__owner=principal)
     if active is not None and mine.active().count() >= active:
         return f"you already have {active} turns queued or running; send this when one has finished"
     if per_minute is not None:
         since = timezone.now() - timedelta(seconds=60)
-        if mine.filter(kind=TurnKind.CHAT, created_at__gte=since).count() >= per_minute:
+        if mine.filter(created_at__gte=since).count() >= per_minute:
             return f"you have started {per_minute} turns in the last minute; wait a moment"
+    return ""
+
+
+def _address_refusal(principal: str, address: str | None) -> str:
+    """An anonymous visitor's turn, counted against the client address for a minute from its first."""
+    limit = think_setting("ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS")
+    if limit is None or not address or not principal.startswith(ANONYMOUS_PREFIX):
+        return ""
+    key = f"think:anonymous-turns:{address}"
+    cache.add(key, 0, timeout=60)  # a window that opens with the address's first turn
+    if cache.incr(key) > limit:
+        return f"more than {limit} turns a minute from your address without signing in; wait a moment"
     return ""
 
 

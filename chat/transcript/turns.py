@@ -159,14 +159,20 @@ class AcceptedTurn:
 
 
 def turn_accept(
-    *, conversation_id: int, request: ChatRequest, policy: str = "queue", client_history: bool = False
+    *,
+    conversation_id: int,
+    request: ChatRequest,
+    policy: str = "queue",
+    client_history: bool = False,
+    address: str | None = None,
 ) -> AcceptedTurn:
     """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
 
     While another turn is queued or running, `policy` decides: "queue" runs this one after it (up to
     THINK["MAX_QUEUED_TURNS"] waiting turns), "latest" also cancels turns still waiting in the queue
     (their messages stay), "drop" refuses this one. A client adds user messages only, unless
-    `client_history` (the agent's `accept_client_history`) lets it write any history.
+    `client_history` (the agent's `accept_client_history`) lets it write any history. `address`, the
+    client's, counts an anonymous visitor's turns (chat.transcript.quotas).
     """
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
@@ -174,7 +180,7 @@ def turn_accept(
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
         busy = Fiber.objects.filter(conversation=conversation).active()
-        refused = principal_refusal(conversation.owner) or turn_refusal(
+        refused = principal_refusal(conversation.owner, address=address) or turn_refusal(
             conversation_id=conversation_id,
             request=request,
             busy=busy,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -181,6 +182,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             request=frame,
             policy=agent.message_concurrency,
             client_history=agent.accept_client_history,
+            address=self._client_address(),
         )
         if accepted.duplicate:
             return
@@ -252,8 +254,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
             server_tools=await database_sync_to_async(self._server_tools)(),
             owner=self.channel_name,
             announce=self._announce_update,
+            address=self._client_address(),
         )
-        self._interaction_applied(result, frame.tool_call_id)
+        await self._interaction_applied(result, frame.tool_call_id)
 
     async def on_toolapproval(self, frame: p.ToolApproval) -> None:
         result = await database_sync_to_async(tool_approval_apply)(
@@ -261,8 +264,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
             approval=frame,
             owner=self.channel_name,
             announce=self._announce_update,
+            address=self._client_address(),
         )
-        self._interaction_applied(result, frame.tool_call_id)
+        await self._interaction_applied(result, frame.tool_call_id)
 
     def _server_tools(self) -> set[str]:
         """The names of the agent's server tools for this conversation (`Think.get_tools()`)."""
@@ -276,9 +280,19 @@ class ChatConsumer(AsyncWebsocketConsumer):
         into the message, and the copy would wipe it from the screen."""
         publish_sync(self.conversation_id, p.message_updated_frame(message))
 
-    def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
+    async def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
         if result.status == "unknown":
             logger.info("answer for unknown tool call %s ignored", tool_call_id, extra=self._log_extra())
+        if result.refused:  # the answer is stored; the turn it would continue is over a limit
+            logger.warning("continuation refused: %s", result.refused, extra=self._log_extra())
+            refusal = f"Continuation refused: {result.refused}"
+            request_id = f"refused-{uuid.uuid4()}"
+            await self.send(p.response_frame(request_id, refusal, done=True, error=True, continuation=True))
+
+    def _client_address(self) -> str | None:
+        """The client's address as the ASGI server saw it (behind a proxy: daphne --proxy-headers)."""
+        client = self.scope.get("client")
+        return str(client[0]) if client else None
 
     async def on_clear(self, frame: p.Clear) -> None:
         await database_sync_to_async(conversation_clear)(conversation_id=self.conversation_id)
