@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -269,7 +268,11 @@ async def test_approval_without_auto_continue_waits(stack: Any) -> None:
         }
         await client.send(approval)
         await client.recv_type("cf_agent_message_updated")
-        await asyncio.sleep(1)
+        # Frames are handled in order, and a continuation is created in the approval's transaction:
+        # a probe after it would hear of one ("pending" or "resuming"); "idle" proves there is none.
+        await client.send({"type": "cf_agent_stream_resume_request", "probeId": "after-approval"})
+        answer = await client.recv_type("cf_agent_stream_resume_none")
+        assert answer.get("probeId") == "after-approval" and answer.get("reason") == "idle"
     conversation = await Conversation.objects.aget(agent=AGENT, name=name)
     assert await Fiber.objects.filter(conversation=conversation).acount() == 1
     assert await sync_to_async(tool_runs)(t) == 0
