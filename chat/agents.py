@@ -27,7 +27,7 @@ from recovery.incidents import ChatRecovery, ExhaustedContext, ProgressContext, 
 from recovery.runtime import db
 
 from .conf import default_model, think_setting
-from .exceptions import AccessDenied, UnknownAgent
+from .exceptions import AccessDenied, ToolError, UnknownAgent
 from .handle import AgentHandle
 from .transcript.compaction import CompactionFunction, CompactionResult, Session, create_compact_function
 from .transcript.repair import default_repair
@@ -71,6 +71,7 @@ __all__ = [
     "StepResult",
     "Think",
     "Tool",
+    "ToolError",
     "UnknownAgent",
     "agent_class",
     "agent_for",

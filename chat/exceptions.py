@@ -42,6 +42,13 @@ class SubmissionNotFound(ThinkError, LookupError):
     """No submission with that id in the conversation."""
 
 
+# -- tools ----------------------------------------------------------------------------------------------
+class ToolError(ThinkError):
+    """Raised by a server tool to tell the model why it failed: its text is the tool's output error, as
+    it is. Any other exception of a tool gives the model and the client only a generic text with a fault
+    id (`chat.turn.faults`)."""
+
+
 # -- the model --------------------------------------------------------------------------------------------
 class BranchNotFound(ThinkError, LookupError):
     """No such alternative after that message, or the message is not on the branch in use."""

@@ -1,4 +1,5 @@
-"""A read-only admin for fibers, streams and incidents; changes happen only through the operator actions.
+"""A read-only admin for fibers, streams, incidents and faults; changes happen only through the
+operator actions.
 
 Hosts can `admin.site.unregister(...)` any of these and register a subclass.
 """
@@ -16,7 +17,7 @@ from django.http import HttpRequest
 from django.utils.timesince import timesince
 
 from . import operations
-from .models import Fiber, Incident, Stream
+from .models import Fault, Fiber, Incident, Stream
 
 M = TypeVar("M", bound=Model)
 T = TypeVar("T")
@@ -174,3 +175,20 @@ class IncidentAdmin(OperatorAdmin[Incident]):
             f"Gave up on {len(given_up)} incident(s); the terminal message was sent.",
             messages.SUCCESS,
         )
+
+
+@admin.register(Fault)
+class FaultAdmin(OperatorAdmin[Fault]):
+    """The details behind a public "error 3f2a9c1e": search for those 8 digits."""
+
+    list_display = ["reference", "created_at", "kind", "error_class", "conversation", "request_id"]
+    list_filter = ["kind", "conversation__agent"]
+    list_select_related = ["conversation"]
+    search_fields = ["id", "request_id", "error_class", "conversation__name"]
+    date_hierarchy = "created_at"
+    ordering = ["-created_at"]
+    readonly_fields = ["reference"]
+
+    @admin.display(description="reference")
+    def reference(self, obj: Fault) -> str:
+        return obj.reference

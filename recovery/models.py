@@ -226,3 +226,45 @@ def owner_model() -> type[models.Model]:
     """The model whose rows own fibers, streams and incidents (settings.THINK_OWNER_MODEL), reached
     through the fibers' relation: the recovery layer never imports it."""
     return Fiber._meta.get_field("conversation").related_model  # type: ignore[return-value]
+
+
+class Fault(models.Model):
+    """An unexpected error of a model provider, a tool or a turn, kept for operators.
+
+    Clients only ever see a generic text naming the first 8 hex digits of the id ("error 3f2a9c1e"); the
+    class, the full text and the traceback are here and in the log line that carries the same id.
+    """
+
+    class Kind(models.TextChoices):
+        PROVIDER = "provider"
+        TOOL = "tool"
+        TURN = "turn"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    conversation = models.ForeignKey(
+        OWNER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="faults"
+    )
+    fiber_id = models.UUIDField(null=True, blank=True)  # not a key: the fault outlives a swept fiber
+    request_id = models.CharField(max_length=255, blank=True, default="")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    error_class = models.CharField(max_length=255)
+    text = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["created_at"], name="think_fault_created")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} fault {self.reference} ({self.error_class})"
+
+    @property
+    def reference(self) -> str:
+        """What clients are shown of the id."""
+        return fault_reference(self.id)
+
+
+def fault_reference(fault_id: uuid.UUID) -> str:
+    """The short form of a fault's id that public error texts carry."""
+    return fault_id.hex[:8]

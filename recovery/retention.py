@@ -6,7 +6,7 @@ Messages are never touched: the transcript does not depend on the buffers.
 
 A closed incident (completed, skipped, exhausted, failed) is the audit trail of a recovery: it stays
 THINK["INCIDENT_RETENTION_DAYS"] days after its last change (30 by default; None keeps it). Live ones
-never go here.
+never go here. Faults (`recovery.faults`) are kept as long, counted from when they were recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .conf import setting
-from .models import Fiber, Incident, Stream
+from .models import Fault, Fiber, Incident, Stream
 
 COMPLETED_RETENTION = timedelta(minutes=10)
 ABANDONED_RETENTION = timedelta(hours=1)
@@ -63,15 +63,30 @@ def incidents_expired(*, older_than: timedelta) -> QuerySet[Incident]:
     return Incident.objects.filter(status__in=CLOSED_INCIDENTS, updated_at__lt=timezone.now() - older_than)
 
 
+def _incident_retention() -> timedelta | None:
+    days = setting("INCIDENT_RETENTION_DAYS")
+    return None if days is None else timedelta(days=days)
+
+
 def incidents_sweep(*, older_than: timedelta | None = None, dry_run: bool = False) -> int:
     """Delete closed incidents past their retention (by default THINK["INCIDENT_RETENTION_DAYS"]; nothing
     when that is None); how many went (or would go)."""
+    older_than = _incident_retention() if older_than is None else older_than
     if older_than is None:
-        days = setting("INCIDENT_RETENTION_DAYS")
-        if days is None:
-            return 0
-        older_than = timedelta(days=days)
+        return 0
     expired = incidents_expired(older_than=older_than)
     if dry_run:
         return expired.count()
     return expired.delete()[1].get(Incident._meta.label, 0)
+
+
+def faults_sweep(*, older_than: timedelta | None = None, dry_run: bool = False) -> int:
+    """Delete faults recorded more than `older_than` ago (by default THINK["INCIDENT_RETENTION_DAYS"];
+    nothing when that is None); how many went (or would go)."""
+    older_than = _incident_retention() if older_than is None else older_than
+    if older_than is None:
+        return 0
+    expired = Fault.objects.filter(created_at__lt=timezone.now() - older_than)
+    if dry_run:
+        return expired.count()
+    return expired.delete()[1].get(Fault._meta.label, 0)

@@ -78,9 +78,11 @@ def streams_sweep() -> int:
 
 @shared_task(name="think.incidents_sweep", ignore_result=True)
 def incidents_sweep() -> int:
-    """Delete closed incidents past THINK["INCIDENT_RETENTION_DAYS"] (see recovery.retention)."""
+    """Delete closed incidents, and faults, past THINK["INCIDENT_RETENTION_DAYS"] (see recovery.retention)."""
+    from .retention import faults_sweep
     from .retention import incidents_sweep as sweep
 
+    faults_sweep()
     return sweep()
 
 

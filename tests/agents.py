@@ -23,6 +23,7 @@ from chat.agents import (
     StepResult,
     Think,
     Tool,
+    ToolError,
     create_compact_function,
     current_agent,
     tool,
@@ -172,6 +173,24 @@ def explode(tag: str) -> None:
     raise RuntimeError("the tool exploded")
 
 
+# What an unexpected tool exception may carry; clients and the model must never read it.
+LEAKED_SECRET = "postgres://admin:pw@10.0.0.5/db"
+
+
+@tool(parameters=TAGGED)
+def leak(tag: str) -> None:
+    """A tool whose exception names an internal database, as a failed connection would."""
+    _ran(tag)
+    raise ConnectionError(f"could not connect to {LEAKED_SECRET}")
+
+
+@tool(parameters=TAGGED)
+def refuse(tag: str) -> None:
+    """A tool that tells the model why it did not run, on purpose."""
+    _ran(tag)
+    raise ToolError("not allowed")
+
+
 @tool(parameters={**TAGGED, "properties": {**TAGGED["properties"], "size": {"type": "integer"}}})
 def bulky(tag: str, size: int) -> str:
     """An output of `size` characters in one word (a frame too large to send whole)."""
@@ -191,7 +210,7 @@ class ToolAgent(Think):
     (a window to kill the worker in); `ask_user` calls interrupted mid-way become a text part."""
 
     chat_recovery = ChatRecovery(max_attempts=5, stable_timeout_ms=1500, no_progress_timeout_ms=60_000)
-    tools = [add, lookup, explode, delete_file, bulky]
+    tools = [add, lookup, explode, delete_file, bulky, leak, refuse]
 
     async def on_step_finish(self, step: StepResult) -> None:
         if self.name.startswith("hold-") and step.tool_calls:

@@ -118,6 +118,11 @@ def recoverable_kind(error: Any) -> str | None:
     return TRANSIENT if TRANSIENT in kinds else None
 
 
+def is_refused(error: BaseException) -> bool:
+    """Whether the provider refused the request (a 4xx other than a rate limit), here or in what it wraps."""
+    return any(_kind(e) == "fatal" for e in error_chain(error))
+
+
 class DefaultChatErrorClassifier:
     """`classify_chat_error` for every litellm provider: overflows, rate limits and transient failures.
 

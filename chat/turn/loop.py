@@ -24,7 +24,7 @@ from ..transcript.interactions import result_update
 from ..transcript.model_messages import to_model_messages
 from ..transcript.repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
 from ..transcript.selectors import messages_list
-from . import llm, tracing
+from . import faults, llm, tracing
 from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
@@ -291,6 +291,14 @@ class ModelLoop:
     async def _execute(self, item: Tool, tool_call_id: str, tool_input: Any) -> ToolOutcome:
         with tracing.tool_span(item.name, tool_call_id) as span:
             outcome = await tool_execute(item, tool_input)
+            if outcome.failure is not None:  # a bug or an outage: recorded, and named only by its id
+                outcome = await faults.tool_failed(
+                    outcome,
+                    name=item.name,
+                    tool_call_id=tool_call_id,
+                    agent=self.agent,
+                    request_id=self.request_id,
+                )
             tracing.tool_ended(span, outcome)
         return outcome
 

@@ -2,7 +2,8 @@
 
 A server tool is a Python callable, sync or async, called with the model's input object as keyword
 arguments. A tool without `execute` is answered by the client (`cf_agent_tool_result`); a tool with
-`needs_approval` waits for a human's `cf_agent_tool_approval` before it runs.
+`needs_approval` waits for a human's `cf_agent_tool_approval` before it runs. A tool that raises
+`ToolError` gives the model that text; any other exception is a fault (`chat.turn.faults`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..exceptions import ToolError
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_OUTPUT_CHARS = 200_000
@@ -119,7 +122,9 @@ class Toolset:
 @dataclass(frozen=True)
 class ToolOutcome:
     output: Any = None
-    error_text: str | None = None
+    error_text: str | None = None  # what the model and the client read
+    failure: BaseException | None = None  # an unexpected exception: a fault (chat.turn.faults)
+    detail: str | None = None  # the failure as operators see it (traces), never sent
 
     def chunk(self, tool_call_id: str) -> dict[str, Any]:
         if self.error_text is not None:
@@ -134,12 +139,13 @@ def _json_safe(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)
     if len(text) > MAX_OUTPUT_CHARS:
-        raise ValueError(f"the tool output is larger than {MAX_OUTPUT_CHARS} characters")
+        raise ToolError(f"the tool output is larger than {MAX_OUTPUT_CHARS} characters")
     return value
 
 
 async def tool_execute(item: Tool, tool_input: Any) -> ToolOutcome:
-    """Run a server tool; its exceptions become an output error the model can read."""
+    """Run a server tool. A `ToolError` becomes the output error the model reads; any other exception is
+    returned as the outcome's `failure`, for the caller to record and replace by a generic text."""
     assert item.execute is not None
     arguments = tool_input if isinstance(tool_input, dict) else {}
     try:
@@ -157,5 +163,7 @@ async def tool_execute(item: Tool, tool_input: Any) -> ToolOutcome:
             if inspect.isawaitable(result):
                 result = await result
         return ToolOutcome(output=_json_safe(result))
+    except ToolError as exc:
+        return ToolOutcome(error_text=str(exc) or f"The tool {item.name} failed.")
     except Exception as exc:
-        return ToolOutcome(error_text=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return ToolOutcome(failure=exc)

@@ -125,7 +125,7 @@ def tool_ended(span: Span | None, outcome: ToolOutcome) -> None:
     failed = outcome.error_text is not None
     tracing.annotate(span, {"think.tool.outcome": "error" if failed else "ok"})
     if failed:
-        tracing.fail(span, outcome.error_text)
+        tracing.fail(span, outcome.detail or outcome.error_text)
 
 
 def tool_not_run(name: str, call_id: str, outcome: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -11,8 +12,8 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Conversation
 from chat.transcript.snapshot import FiberSnapshot, TurnKind
-from recovery.models import Fiber
-from tests.agents import tool_runs
+from recovery.models import Fault, Fiber
+from tests.agents import LEAKED_SECRET, tool_runs
 from tests.support import (
     TEST_PRINCIPAL,
     ChatClient,
@@ -96,9 +97,54 @@ async def test_an_async_tool_and_a_failing_tool(stack: Any) -> None:
         _, failed = await run_turn(client, tool_prompt("explode", tag=t))
     assert ok.text == f'Tool lookup returned: {{"tag": "{t}", "found": true}}'
     error = next(c for _, c in failed.chunks if c["type"] == "tool-output-error")
-    assert error["errorText"] == "RuntimeError: the tool exploded"
-    assert failed.text == "Tool explode returned: Error: RuntimeError: the tool exploded"
+    assert re.fullmatch(GENERIC_TOOL_ERROR.format(name="explode"), error["errorText"])
+    assert failed.text == f"Tool explode returned: Error: {error['errorText']}"
     assert await sync_to_async(tool_runs)(t) == 2
+
+
+# What the model and clients read of a tool's unexpected exception: its fault's reference, no more.
+GENERIC_TOOL_ERROR = r"The tool {name} failed \(error ([0-9a-f]{{8}})\)"
+
+
+async def test_a_tool_exception_reaches_neither_the_client_nor_the_model(stack: Any) -> None:
+    """Issue 34 row 12: the `leak` tool's exception names an internal database. The socket, the stored
+    transcript and the model's next prompt hold a generic text with an id; the Fault row and the
+    worker's log line under that id hold the details."""
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, log = await run_turn(client, tool_prompt("leak", tag=t))
+        raw = json.dumps(client.frames)
+    assert log.done is not None and log.done["outcome"] == "completed", "the model carries on"
+    error = next(c for _, c in log.chunks if c["type"] == "tool-output-error")
+    match = re.fullmatch(GENERIC_TOOL_ERROR.format(name="leak"), error["errorText"])
+    assert match, error["errorText"]
+    reference = match.group(1)
+    assert log.text == f"Tool leak returned: Error: {error['errorText']}", "the model read only that"
+    assert "10.0.0.5" not in raw and "postgres://" not in raw and "ConnectionError" not in raw
+    messages = await transcript(name)
+    assert "10.0.0.5" not in json.dumps(messages) and "ConnectionError" not in json.dumps(messages)
+    [part] = tool_parts(messages[-1])
+    assert (part["state"], part["errorText"]) == ("output-error", error["errorText"])
+
+    fault = await Fault.objects.aget(conversation__name=name)
+    assert fault.id.hex.startswith(reference) and fault.kind == "tool"
+    assert fault.error_class == "builtins.ConnectionError" and LEAKED_SECRET in fault.text
+    assert "def leak" in fault.traceback or "in leak" in fault.traceback
+    worker_log = stack.workers[0].log()
+    assert f"tool fault {reference}" in worker_log and LEAKED_SECRET in worker_log
+
+
+async def test_a_tool_error_raised_on_purpose_is_told_to_the_model(stack: Any) -> None:
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, log = await run_turn(client, tool_prompt("refuse", tag=t))
+    error = next(c for _, c in log.chunks if c["type"] == "tool-output-error")
+    assert error["errorText"] == "not allowed"
+    assert log.text == "Tool refuse returned: Error: not allowed"
+    assert await sync_to_async(tool_runs)(t) == 1
+    assert not await Fault.objects.filter(conversation__name=name).aexists(), "not a fault"
 
 
 async def test_an_unknown_tool_is_an_output_error_the_model_reads(stack: Any) -> None:
