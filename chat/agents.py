@@ -186,7 +186,8 @@ class Think:
         return default_chat_error_classifier(error, ctx)
 
     def on_chat_error(self, error: Any, ctx: ChatErrorContext) -> Any:
-        """What clients see of a turn's error (its text is sent); may be async."""
+        """What clients see of a turn's error: a string is sent as it is; an exception (the default) is
+        shown as a generic text naming its class and `ctx.fault` (chat.turn.faults). May be async."""
         return error
 
     def on_step_finish(self, step: StepResult) -> Any:

@@ -20,6 +20,9 @@ text, combinable):
   ``rate_limit_error``, 5xx a ``server_error``). ``K>0``: stream K chunks, then an SSE ``data:`` line
   holding ``{"error": {...}}`` and end the stream without ``[DONE]``. Non-streaming requests get the
   HTTP error whenever the fault is reached. A 429 (before content) carries ``Retry-After: 1``.
+* ``[error says TEXT]`` -- the message of the error a ``[fail ...]`` sends (Chat Completions: the HTTP
+  error body and the in-stream error event) is TEXT, as a provider behind a proxy may name its internal
+  hosts there.
 * ``[malformed after K]`` -- stream K chunks, then an SSE ``data:`` line that is not valid JSON (a chunk
   cut off mid-object), and end the stream without ``[DONE]``. ``K=0``: right after the role chunk.
   Non-streaming requests get a 200 whose body is that broken JSON.
@@ -173,6 +176,7 @@ _MALFORMED_RE = re.compile(r"\[malformed after\s+(\d+)(\s+always|\s+once)?\s*\]"
 _EOF_RE = re.compile(r"\[eof after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _RESET_RE = re.compile(r"\[reset after\s+(\d+)(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_SAYS_RE = re.compile(r"\[error says\s+([^\]]*?)\s*\]", re.IGNORECASE)
 _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
 _NO_FINISH_RE = re.compile(r"\[no finish(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _WINDOW_RE = re.compile(r"\[window\b\s*([^\]\s]*)\s*(\])?", re.IGNORECASE)
@@ -246,6 +250,7 @@ class Directives:
     no_finish: Fault | None = None  # the stream ends without its finish reason
     eof: Fault | None = None  # the stream ends cleanly mid-reply: no finish reason, no end marker
     cached: int | None = None  # of the prompt tokens, this many reported as read from the prompt cache
+    error_says: str | None = None  # the message of a [fail ...] error instead of the standard one
 
     @property
     def default_tool_name(self) -> str | None:
@@ -313,6 +318,7 @@ def parse_directives(text: str) -> Directives:
         _parse_no_finish(text),
         _parse_fault(_EOF_RE, text),
         int(cached.group(1)) if (cached := _CACHED_RE.search(text)) else None,
+        says.group(1) if (says := _SAYS_RE.search(text)) else None,
     )
 
 
@@ -639,7 +645,8 @@ class _ChatEncoder:
         return [*events, b"data: [DONE]\n\n"]
 
     def failure(self, status: int, sent: int) -> list[bytes]:
-        return [sse(error_body(f"Scripted failure after {sent} chunks.", "server_error", status))]
+        message = self.plan.directives.error_says or f"Scripted failure after {sent} chunks."
+        return [sse(error_body(message, "server_error", status))]
 
     def broken(self) -> Json:
         return self.reply.chunk({"content": " broken"})
@@ -797,6 +804,10 @@ def _early_error(plan: Plan, stream: bool, prompt_tokens: int) -> web.Response |
         return None
     if fault.window is not None:
         return _context_length_error(context_length_message(fault.window, fault.tokens))
+    says = plan.directives.error_says
+    if says is not None:
+        kind = "server_error" if fault.status >= 500 else "invalid_request_error"
+        return _error_response(fault.status, error_body(says, kind, fault.status))
     return _error_response(fault.status)
 
 

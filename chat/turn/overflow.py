@@ -89,6 +89,7 @@ class ChatErrorContext:
     request_id: str | None = None
     messages_persisted: bool = True
     classification: str | None = None
+    fault: str | None = None  # the reference of the fault recorded for it (chat.turn.faults), if any
 
 
 def _error_text(error: Any) -> str:

@@ -45,7 +45,7 @@ from ..transcript.snapshot import FiberSnapshot
 from ..transcript.window import transcript_frame
 from ..wire import broadcast
 from ..wire.protocol import chunk_framer, response_frame
-from . import errors, llm, tracing
+from . import errors, faults, llm, tracing
 from .chunking import UI_CHUNK_POLICY
 from .continuation import settle_recovered_turn
 from .llm import Usage
@@ -447,22 +447,38 @@ class TurnRunner:
                 await result
 
     async def _error_text(self, error: BaseException) -> str:
-        """What clients see of the turn's error: on_chat_error's answer, with the classification."""
+        """What clients see of the turn's error: the string on_chat_error returns, or else a generic text
+        naming the error's class and its fault (recorded with the details, chat.turn.faults)."""
         classification = self.classification or classify(
             self.agent, error, stage="stream", request_id=self.request_id
         )
-        context = ChatErrorContext(stage="stream", request_id=self.request_id, classification=classification)
+        _, reference = await faults.turn_fault(
+            error,
+            conversation_id=self.conversation_id,
+            fiber_id=self.claim.fiber_id,
+            request_id=self.request_id,
+            log_extra=self.log_extra,
+        )
+        context = ChatErrorContext(
+            stage="stream", request_id=self.request_id, classification=classification, fault=reference
+        )
         try:
             shown = self.agent.on_chat_error(error, context)
             if inspect.isawaitable(shown):
                 shown = await shown
         except Exception:
-            logger.exception("on_chat_error raised; the original error is shown", extra=self.log_extra)
+            logger.exception("on_chat_error raised; the generic text is shown", extra=self.log_extra)
             shown = error
-        self._emit_event(
-            "chat:request:failed", {"requestId": self.request_id, "stage": "stream", "error": str(shown)}
+        text = (
+            faults.turn_text(shown, classification, reference)
+            if isinstance(shown, BaseException)
+            else str(shown)
         )
-        return llm.error_text(shown) if isinstance(shown, BaseException) else str(shown)
+        self._emit_event(
+            "chat:request:failed",
+            {"requestId": self.request_id, "stage": "stream", "error": text, "fault": reference},
+        )
+        return text
 
     def _outcome(self, error: BaseException | None, error_text: str = "") -> tuple[TurnOutcome, str]:
         self.accumulator.close_open_parts()
@@ -484,8 +500,6 @@ class TurnRunner:
 
     async def _finish(self, error: BaseException | None) -> None:
         assert self.writer is not None
-        if error is not None:
-            logger.warning("turn failed: %s", llm.error_text(error), extra=self.log_extra)
         text = await self._error_text(error) if error is not None else ""
         try:
             if self.stop_reason != "cancel":

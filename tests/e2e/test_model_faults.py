@@ -4,7 +4,9 @@ keeps failing, ends with the terminal message within the budget. Nothing stored 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from recovery.models import Fiber, Incident
+from recovery.models import Fault, Fiber, Incident, Segment
 from tests.agents import probe_key, probe_redis
 from tests.support import (
     ChatClient,
@@ -155,7 +157,9 @@ async def test_a_refused_request_ends_the_turn_at_once(
     )
     assert log.order == [request_id]
     (error,) = log.streams[request_id].errors
-    assert "AuthenticationError" in error
+    assert re.fullmatch(PUBLIC.format(r"The model provider rejected the request"), error), error
+    fault = await Fault.objects.aget(conversation__name=name)
+    assert fault.kind == "provider" and "AuthenticationError" in fault.error_class
     assert await model_calls(name) == 1
     assert await Incident.objects.filter(conversation__name=name).acount() == 0
     transcript = await sync_to_async(stored)("assistant", name)
@@ -171,8 +175,71 @@ async def test_an_agent_with_chat_recovery_off_ends_the_turn_with_the_error_and_
     )
     assert log.order == [request_id]
     stream = log.streams[request_id]
-    assert stream.text == numbers(3) and len(stream.errors) == 1 and "Scripted failure" in stream.errors[0]
+    assert stream.text == numbers(3) and len(stream.errors) == 1
+    assert re.fullmatch(PUBLIC.format("The model provider failed"), stream.errors[0]), stream.errors[0]
     assert await model_calls(name) == 1
     transcript = await sync_to_async(stored)("no-model-recovery-agent", name)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     assert assistant_text(transcript) == numbers(3)
+
+
+# What a client reads of a provider error: its class, and the reference of the fault that holds the rest.
+PUBLIC = r"{} \(error ([0-9a-f]{{8}})\)"
+INTERNAL = "upstream http://vllm.internal:8000/v1 via proxy 10.0.0.7 failed"
+
+
+async def stored_everywhere(name: str) -> str:
+    """Everything stored about the conversation a client can be sent: messages, the recorded terminal
+    error, the streams' buffered frames, the fibers' error."""
+
+    def read() -> str:
+        from chat.models import Conversation
+
+        conversation = Conversation.objects.get(name=name)
+        parts = [json.dumps(stored(conversation.agent, name)), json.dumps(conversation.last_terminal)]
+        parts += [s.body for s in Segment.objects.filter(stream__conversation=conversation)]
+        parts += [f.error for f in Fiber.objects.filter(conversation=conversation)]
+        return "\n".join(parts)
+
+    return await sync_to_async(read)()
+
+
+@pytest.mark.parametrize(
+    ("agent", "fault", "public", "partial"),
+    [
+        ("assistant", "[fail after 0 with 400]", "The model provider rejected the request", ""),
+        ("no-model-recovery-agent", "[fail after 3 with 500 once]", "The model provider failed", numbers(3)),
+    ],
+)
+async def test_a_provider_error_body_reaches_no_client(
+    faults_stack: Any, agent: str, fault: str, public: str, partial: str
+) -> None:
+    """Issue 34 row 12: the provider's error body names an internal host. Clients (the live frames and
+    the stored transcript they are sent) get a generic text and an id; the Fault row and the worker's
+    log under that id hold the body."""
+    name = new_name("body")
+    prompt = f"count to 9 {fault} [error says {INTERNAL}] {name}"  # the user's own words hold it too
+    request_id, log = await run_turn(faults_stack, agent, name, prompt)
+    (error,) = log.streams[request_id].errors
+    match = re.fullmatch(PUBLIC.format(public), error)
+    assert match, error
+    reference = match.group(1)
+    assert log.streams[request_id].text == partial
+    everything = (await stored_everywhere(name)).replace(prompt, "")
+    assert "vllm.internal" not in everything and "10.0.0.7" not in everything
+    assert error in everything, "the generic text is what is stored for late clients"
+    async with ChatClient(faults_stack.port, name, agent=agent) as late:  # a client that comes back
+        await late.send({"type": "cf_agent_stream_resume_request"})
+        with contextlib.suppress(TimeoutError):
+            while True:
+                frame = await late.recv(timeout=1.5)
+                if frame.get("type") == "cf_agent_stream_resuming":
+                    await late.send({"type": "cf_agent_stream_resume_ack", "id": frame["id"]})
+    replayed = json.dumps(late.frames).replace(prompt, "")
+    assert "vllm.internal" not in replayed and reference in replayed, "the replay carries the generic text"
+
+    fault_row = await Fault.objects.aget(conversation__name=name)
+    assert fault_row.id.hex.startswith(reference) and fault_row.kind == "provider"
+    assert INTERNAL in fault_row.text and fault_row.request_id == request_id and fault_row.traceback
+    worker_log = "".join(w.log() for w in faults_stack.workers)
+    assert f"provider fault {reference}" in worker_log and INTERNAL in worker_log
