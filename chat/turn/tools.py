@@ -127,8 +127,10 @@ class ToolOutcome:
     detail: str | None = None  # the failure as operators see it (traces), never sent
 
     def chunk(self, tool_call_id: str) -> dict[str, Any]:
-        if self.error_text is not None:
-            return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": self.error_text}
+        if self.error_text is not None or self.failure is not None:
+            # A failure is never sent as it is (chat.turn.faults names it); unrecorded, it says only this.
+            text = self.error_text if self.error_text is not None else "The tool failed."
+            return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": text}
         return {"type": "tool-output-available", "toolCallId": tool_call_id, "output": self.output}
 
 
