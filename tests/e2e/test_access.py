@@ -7,6 +7,7 @@ own what they open through their session, tokens stand for whoever they were iss
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -74,6 +75,43 @@ async def test_a_logged_in_user_chats_over_the_session_cookie(stack: Any) -> Non
     # The owner's conversation is as it was: one user message, one answer.
     status, body = await sync_to_async(get_messages)(stack.port, name, alice)
     assert [m["role"] for m in json.loads(body)] == ["user", "assistant"]
+
+
+async def test_a_page_on_another_port_or_scheme_of_the_host_cannot_use_the_cookie(stack: Any) -> None:
+    """Issue 34, row 9: a host-only Origin match let a page on http://127.0.0.1:8080 (or on https) open a
+    cookie-authenticated socket to the site on http://127.0.0.1:<port>. The origin is scheme, host and
+    port: those handshakes are refused with 403 before the consumer runs; the page's own origin works."""
+    import websockets
+
+    tag = uuid.uuid4().hex[:6]
+    cookie = "sessionid=" + await sync_to_async(login)(f"carol-{tag}")
+    name = f"origin-{tag}"
+    url = f"ws://127.0.0.1:{stack.port}/agents/assistant/{name}"
+    for origin in (
+        "http://127.0.0.1:8080",  # another port of the same host
+        f"https://127.0.0.1:{stack.port}",  # the same host and port, another scheme
+        "https://127.0.0.1",
+        f"http://localhost:{stack.port}",  # another host, though one of ALLOWED_HOSTS
+        "null",  # a sandboxed page or a file
+    ):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(url, origin=origin, additional_headers={"Cookie": cookie}):
+                pass
+        assert refused.value.response.status_code == 403, origin
+    assert not await Conversation.objects.filter(name=name).aexists()
+
+    # The site's own page, by either name the host has (the Host header says which).
+    async with websockets.connect(
+        url, origin=f"http://127.0.0.1:{stack.port}", additional_headers={"Cookie": cookie}
+    ) as ws:
+        frames = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(2)]
+    assert frames[-1]["type"] == "cf_agent_identity"
+    local = f"ws://localhost:{stack.port}/agents/assistant/{name}"
+    async with websockets.connect(
+        local, origin=f"http://LOCALHOST:{stack.port}", additional_headers={"Cookie": cookie}
+    ) as ws:
+        frames = [json.loads(await asyncio.wait_for(ws.recv(), 10)) for _ in range(2)]
+    assert frames[-1]["type"] == "cf_agent_identity"
 
 
 def test_a_second_browser_cannot_open_the_first_ones_conversation(stack: Any, browser: Any) -> None:  # noqa: F811
