@@ -9,7 +9,8 @@ The default, `UserAccess`, knows two kinds of credentials:
 
 - the Django session (the browser's cookie), giving ``"user:<pk>"`` for an active, logged-in user;
 - a signed token (`issue_token`) in the ``token`` query parameter or an ``Authorization: Bearer``
-  header, for clients without the session cookie (native apps, server-side code, the Node client).
+  header, for clients without the session cookie (native apps, server-side code, the Node client);
+  revocable, and refused once its user is gone or inactive (chat.tokens).
 
 `SessionAccess` also lets anonymous visitors in, each owning what they open through their session
 (``"session:<key>"``); the demo site uses it so that its page works without an account.
@@ -23,11 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from django.core import signing
 from django.utils.module_loading import import_string
 
 from .conf import think_setting
 from .exceptions import AccessDenied
+from .tokens import TOKEN_SALT as TOKEN_SALT  # re-exported: chat.access is where sites import tokens from
+from .tokens import issue_token as issue_token
+from .tokens import token_principal
 from .transcript.selectors import conversation_get
 from .transcript.services import conversation_get_or_create
 
@@ -36,32 +39,7 @@ if TYPE_CHECKING:
 
     from .models import Conversation
 
-TOKEN_SALT = "think.chat.access-token"
 TOKEN_PARAM = "token"
-
-
-def issue_token(principal: str) -> str:
-    """A signed, timestamped token standing for `principal`, valid for THINK["TOKEN_MAX_AGE_S"].
-
-    Give it to a client that cannot send the session cookie: it connects with ``?token=<token>``
-    (or an ``Authorization: Bearer <token>`` header, where the client can set headers).
-    """
-    if not principal:
-        raise ValueError("a token needs a non-empty principal")
-    return signing.dumps(principal, salt=TOKEN_SALT, compress=True)
-
-
-def token_principal(token: str) -> str:
-    """The principal a token stands for; AccessDenied when it is forged, malformed or expired."""
-    try:
-        principal = signing.loads(token, salt=TOKEN_SALT, max_age=think_setting("TOKEN_MAX_AGE_S"))
-    except signing.SignatureExpired as exc:
-        raise AccessDenied("the access token has expired") from exc
-    except signing.BadSignature as exc:
-        raise AccessDenied("the access token is not valid") from exc
-    if not isinstance(principal, str) or not principal:
-        raise AccessDenied("the access token is not valid")
-    return principal
 
 
 def user_principal(user: Any) -> str | None:

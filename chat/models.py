@@ -237,3 +237,34 @@ class PrincipalUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal} on {self.day}"
+
+
+class TokenRevocation(models.Model):
+    """Access tokens refused before they expire (chat.tokens): one token by its id, or (token_id empty)
+    every token of `principal` issued before `not_before`."""
+
+    token_id = models.CharField(max_length=64, blank=True, default="")
+    principal = models.CharField(max_length=255, blank=True, default="")
+    not_before = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "think_chat_token_revocation"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["token_id"], condition=~models.Q(token_id=""), name="think_token_revocation_id"
+            ),
+            models.UniqueConstraint(
+                fields=["principal"], condition=models.Q(token_id=""), name="think_token_revocation_principal"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(token_id="")
+                | (~models.Q(principal="") & models.Q(not_before__isnull=False)),
+                name="think_token_revocation_kind",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.token_id:
+            return f"token {self.token_id}"
+        return f"tokens of {self.principal} before {self.not_before}"
