@@ -13,7 +13,8 @@ The default, `UserAccess`, knows two kinds of credentials:
   revocable, and refused once its user is gone or inactive (chat.tokens).
 
 `SessionAccess` also lets anonymous visitors in, each owning what they open through their session
-(``"session:<key>"``); the demo site uses it so that its page works without an account.
+(``"session:<hmac>"``, a keyed hash of the session key: never the key itself, which is a credential);
+the demo site uses it so that its page works without an account.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
 
 from .conf import think_setting
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from .models import Conversation
 
 TOKEN_PARAM = "token"
+SESSION_PRINCIPAL_SALT = "think.chat.session-principal"
 
 
 def user_principal(user: Any) -> str | None:
@@ -47,6 +50,15 @@ def user_principal(user: Any) -> str | None:
     if user is None or not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", True):
         return None
     return f"user:{user.pk}"
+
+
+def session_principal(session_key: str) -> str:
+    """``"session:<hmac>"``, an anonymous visitor's principal: a keyed hash (SECRET_KEY) of the session key.
+
+    Principals are shown in the admin and logs and stored as owners; the session key is the visitor's
+    cookie, so a principal must not be one (copied into a ``sessionid`` cookie, it authenticates nobody).
+    """
+    return "session:" + salted_hmac(SESSION_PRINCIPAL_SALT, session_key, algorithm="sha256").hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class AccessPolicy:
             return token_principal(credentials.token)
         principal = user_principal(credentials.user)
         if principal is None and self.anonymous_sessions and credentials.session_key:
-            principal = f"session:{credentials.session_key}"
+            principal = session_principal(credentials.session_key)
         if principal is None:
             raise AccessDenied("authentication required")
         return principal

@@ -10,7 +10,7 @@ class Conversation(models.Model):
 
     agent = models.CharField(max_length=100)
     name = models.CharField(max_length=200)
-    # The principal it belongs to (chat.access): "user:<pk>", "session:<key>", or what a custom access
+    # The principal it belongs to (chat.access): "user:<pk>", "session:<hmac>", or what a custom access
     # policy uses; empty for a conversation server code created without one (no client may open it).
     owner = models.CharField(max_length=255, blank=True, default="", db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -34,6 +34,7 @@ from chat.access import (
     conversation_open,
     conversation_read,
     issue_token,
+    session_principal,
     token_principal,
     user_principal,
 )
@@ -166,7 +167,10 @@ def test_principals_of_users_sessions_and_tokens() -> None:
     assert user_principal(inactive) is None and user_principal(AnonymousUser()) is None
     assert users.principal(Credentials(user=user)) == f"user:{user.pk}"
     assert sessions.principal(Credentials(user=user, session_key="k")) == f"user:{user.pk}"
-    assert sessions.principal(Credentials(user=AnonymousUser(), session_key="k")) == "session:k"
+    anonymous = sessions.principal(Credentials(user=AnonymousUser(), session_key="k"))
+    assert (
+        anonymous == session_principal("k") and anonymous.startswith("session:") and anonymous != "session:k"
+    )
     for policy in (users, sessions):
         assert policy.principal(Credentials(token=issue_token(BOB), user=user)) == BOB, "a token wins"
         with pytest.raises(AccessDenied, match="not valid"):  # never falls back to the session
@@ -319,7 +323,7 @@ async def test_frames_a_stranger_sends_anyway_change_nothing() -> None:
 async def test_the_owner_gets_in_by_token_or_session() -> None:
     name = new_name("by-session")
     await database_sync_to_async(Conversation.objects.create)(
-        agent="assistant", name=name, owner="session:s1"
+        agent="assistant", name=name, owner=session_principal("s1")
     )
     for scope_session, expected_close in ((Session("s1"), None), (Session("s2"), 4403), (None, 4403)):
         communicator = WebsocketCommunicator(APPLICATION, f"/agents/assistant/{name}")

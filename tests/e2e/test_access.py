@@ -171,6 +171,35 @@ async def test_a_token_is_refused_once_its_user_is_inactive_or_gone_or_it_is_rev
     assert status == 200
 
 
+async def test_an_anonymous_visitor_reopens_their_conversation_whose_owner_is_no_cookie(stack: Any) -> None:
+    """Issue 34, row 11: the owner stored for an anonymous visitor was "session:<key>", their cookie. It is
+    now a keyed hash of the key; the visitor, reconnecting with the same cookie, still gets their
+    conversation, and the stored owner, pasted as a cookie, gets nothing."""
+
+    def visit() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{stack.port}/", timeout=10) as response:
+            cookies = response.headers.get_all("Set-Cookie") or []
+        return next(c.split(";")[0] for c in cookies if c.startswith("sessionid="))
+
+    cookie = await sync_to_async(visit)()
+    key = cookie.removeprefix("sessionid=")
+    name = f"anon-{uuid.uuid4().hex[:6]}"
+    async with ChatClient(stack.port, name, principal=None, cookie=cookie) as client:
+        await client.recv_type("cf_agent_identity")
+        await client.send(chat_request("r1", [user_message("count to 4")]))
+        log = await client.follow("r1", timeout=30)
+    assert log.text == numbers(4)
+    owner = (await Conversation.objects.aget(agent="assistant", name=name)).owner
+    assert owner.startswith("session:") and key not in owner
+
+    async with ChatClient(stack.port, name, principal=None, cookie=cookie) as again:
+        messages = await again.recv_type("cf_agent_chat_messages")
+    assert assistant_text(messages["messages"]) == numbers(4)
+    for pasted in (owner.removeprefix("session:"), owner):
+        async with ChatClient(stack.port, name, principal=None, cookie=f"sessionid={pasted}") as thief:
+            assert await thief.close_code() == 4403 and thief.frames == []
+
+
 def test_a_second_browser_cannot_open_the_first_ones_conversation(stack: Any, browser: Any) -> None:  # noqa: F811
     """Two anonymous visitors (two browser contexts, two sessions): the conversation is the first's."""
     name = f"page-acc-{uuid.uuid4().hex[:8]}"
