@@ -9,10 +9,12 @@ The default, `UserAccess`, knows two kinds of credentials:
 
 - the Django session (the browser's cookie), giving ``"user:<pk>"`` for an active, logged-in user;
 - a signed token (`issue_token`) in the ``token`` query parameter or an ``Authorization: Bearer``
-  header, for clients without the session cookie (native apps, server-side code, the Node client).
+  header, for clients without the session cookie (native apps, server-side code, the Node client);
+  revocable, and refused once its user is gone or inactive (chat.tokens).
 
 `SessionAccess` also lets anonymous visitors in, each owning what they open through their session
-(``"session:<key>"``); the demo site uses it so that its page works without an account.
+(``"session:<hmac>"``, a keyed hash of the session key: never the key itself, which is a credential);
+the demo site uses it so that its page works without an account.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from django.core import signing
+from django.utils.crypto import salted_hmac
 from django.utils.module_loading import import_string
 
 from .conf import think_setting
 from .exceptions import AccessDenied
+from .tokens import TOKEN_SALT as TOKEN_SALT  # re-exported: chat.access is where sites import tokens from
+from .tokens import issue_token as issue_token
+from .tokens import token_principal
 from .transcript.selectors import conversation_get
 from .transcript.services import conversation_get_or_create
 
@@ -36,32 +41,8 @@ if TYPE_CHECKING:
 
     from .models import Conversation
 
-TOKEN_SALT = "think.chat.access-token"
 TOKEN_PARAM = "token"
-
-
-def issue_token(principal: str) -> str:
-    """A signed, timestamped token standing for `principal`, valid for THINK["TOKEN_MAX_AGE_S"].
-
-    Give it to a client that cannot send the session cookie: it connects with ``?token=<token>``
-    (or an ``Authorization: Bearer <token>`` header, where the client can set headers).
-    """
-    if not principal:
-        raise ValueError("a token needs a non-empty principal")
-    return signing.dumps(principal, salt=TOKEN_SALT, compress=True)
-
-
-def token_principal(token: str) -> str:
-    """The principal a token stands for; AccessDenied when it is forged, malformed or expired."""
-    try:
-        principal = signing.loads(token, salt=TOKEN_SALT, max_age=think_setting("TOKEN_MAX_AGE_S"))
-    except signing.SignatureExpired as exc:
-        raise AccessDenied("the access token has expired") from exc
-    except signing.BadSignature as exc:
-        raise AccessDenied("the access token is not valid") from exc
-    if not isinstance(principal, str) or not principal:
-        raise AccessDenied("the access token is not valid")
-    return principal
+SESSION_PRINCIPAL_SALT = "think.chat.session-principal"
 
 
 def user_principal(user: Any) -> str | None:
@@ -69,6 +50,15 @@ def user_principal(user: Any) -> str | None:
     if user is None or not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", True):
         return None
     return f"user:{user.pk}"
+
+
+def session_principal(session_key: str) -> str:
+    """``"session:<hmac>"``, an anonymous visitor's principal: a keyed hash (SECRET_KEY) of the session key.
+
+    Principals are shown in the admin and logs and stored as owners; the session key is the visitor's
+    cookie, so a principal must not be one (copied into a ``sessionid`` cookie, it authenticates nobody).
+    """
+    return "session:" + salted_hmac(SESSION_PRINCIPAL_SALT, session_key, algorithm="sha256").hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -131,7 +121,7 @@ class AccessPolicy:
             return token_principal(credentials.token)
         principal = user_principal(credentials.user)
         if principal is None and self.anonymous_sessions and credentials.session_key:
-            principal = f"session:{credentials.session_key}"
+            principal = session_principal(credentials.session_key)
         if principal is None:
             raise AccessDenied("authentication required")
         return principal

@@ -19,7 +19,7 @@ from recovery import operations
 from recovery.admin import OperatorAdmin
 from recovery.models import Fiber
 
-from .models import Branch, Conversation, Message, PrincipalUsage, Submission, TurnCompletion
+from .models import Branch, Conversation, Message, PrincipalUsage, Submission, TokenRevocation, TurnCompletion
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
 from .turn.stop import stop_conversation
@@ -320,3 +320,12 @@ class PrincipalUsageAdmin(OperatorAdmin[PrincipalUsage]):
     @admin.display(description="queued or running now")
     def active_turns(self, obj: PrincipalUsage) -> int:
         return Fiber.objects.filter(conversation__owner=obj.principal).active().count()
+
+
+@admin.register(TokenRevocation)
+class TokenRevocationAdmin(OperatorAdmin[TokenRevocation]):
+    """Revoked access tokens (chat.tokens); `manage.py think_token --revoke` / `--revoke-all` adds them."""
+
+    list_display = ["__str__", "token_id", "principal", "not_before", "created_at"]
+    search_fields = ["token_id", "principal"]
+    ordering = ["-created_at"]

@@ -16,6 +16,7 @@ from recovery.incidents import ChatRecovery
 from .access import AccessPolicy
 from .agents import MESSAGE_CONCURRENCY_POLICIES, Think, kebab, plain_attribute
 from .conf import think_setting
+from .origins import origin_problem
 from .turn.overflow import ContextOverflow
 from .turn.pricing import ModelPrices
 from .turn.tools import Tool
@@ -42,6 +43,27 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         *_check_window(),
         *_check_principal_limits(),
         *_check_access(),
+        *_check_trusted_origins(),
+    ]
+
+
+def _check_trusted_origins() -> list[CheckMessage]:
+    value = think_setting("TRUSTED_ORIGINS")
+    if value is None:
+        return []
+    hint = 'Full origins a browser may open the chat socket from, e.g. ["https://app.example.com"].'
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return [
+            Error(
+                f"THINK['TRUSTED_ORIGINS'] must be a list of origins, got {value!r}.",
+                hint=hint,
+                id="think_chat.E027",
+            )
+        ]
+    return [
+        Error(f"THINK['TRUSTED_ORIGINS']: {problem}.", hint=hint, id="think_chat.E027")
+        for entry in value
+        if (problem := origin_problem(entry)) is not None
     ]
 
 

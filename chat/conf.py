@@ -30,6 +30,10 @@ DEFAULTS: dict[str, Any] = {
     "GROUP_PREFIX": "think",
     # Who may use which conversation (chat.access): a dotted path to an AccessPolicy subclass.
     "ACCESS_POLICY": "chat.access.UserAccess",
+    # Browser pages, besides the site's own origin, that may open the chat socket with the visitor's
+    # cookies: full origins ("https://app.example.com", "https://*.example.com"); None: Django's
+    # CSRF_TRUSTED_ORIGINS (chat.origins).
+    "TRUSTED_ORIGINS": None,
     # How long a token from chat.access.issue_token (or `manage.py think_token`) is accepted.
     "TOKEN_MAX_AGE_S": 3600,
     # Longest conversation name the consumer accepts.

@@ -10,7 +10,7 @@ class Conversation(models.Model):
 
     agent = models.CharField(max_length=100)
     name = models.CharField(max_length=200)
-    # The principal it belongs to (chat.access): "user:<pk>", "session:<key>", or what a custom access
+    # The principal it belongs to (chat.access): "user:<pk>", "session:<hmac>", or what a custom access
     # policy uses; empty for a conversation server code created without one (no client may open it).
     owner = models.CharField(max_length=255, blank=True, default="", db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -237,3 +237,34 @@ class PrincipalUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal} on {self.day}"
+
+
+class TokenRevocation(models.Model):
+    """Access tokens refused before they expire (chat.tokens): one token by its id, or (token_id empty)
+    every token of `principal` issued before `not_before`."""
+
+    token_id = models.CharField(max_length=64, blank=True, default="")
+    principal = models.CharField(max_length=255, blank=True, default="")
+    not_before = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "think_chat_token_revocation"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["token_id"], condition=~models.Q(token_id=""), name="think_token_revocation_id"
+            ),
+            models.UniqueConstraint(
+                fields=["principal"], condition=models.Q(token_id=""), name="think_token_revocation_principal"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(token_id="")
+                | (~models.Q(principal="") & models.Q(not_before__isnull=False)),
+                name="think_token_revocation_kind",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.token_id:
+            return f"token {self.token_id}"
+        return f"tokens of {self.principal} before {self.not_before}"

@@ -1,31 +1,36 @@
-"""Origin checks for the chat WebSocket."""
+"""Origin checks for the chat WebSocket (the rule itself: chat.origins)."""
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import ParseResult
 
-from channels.security.websocket import OriginValidator
-from django.conf import settings
+from channels.security.websocket import WebsocketDenier
+
+from ..origins import origin_allowed
 
 
-class BrowserOriginValidator(OriginValidator):
-    """Reject cross-site browser connections, accept clients that send no Origin at all.
+class BrowserOriginValidator:
+    """Refuse a browser's handshake from another origin (403, before the consumer runs); let clients that
+    send no Origin at all through to the access policy.
 
     The Origin check exists to stop another site's page from using a visitor's cookies (CSWSH); browsers
-    always send Origin. Programmatic clients (the published `agents` client under Node, server-side
-    code) send none, and refusing them would lock out every non-browser client.
+    always send Origin, and it must be the site's own (scheme, host and port) or a trusted one
+    (chat.origins). Programmatic clients (the published `agents` client under Node, server-side code)
+    send none, and refusing them would lock out every non-browser client.
     """
 
-    def valid_origin(self, parsed_origin: ParseResult | None) -> bool:
-        if parsed_origin is None:
-            return True
-        return bool(super().valid_origin(parsed_origin))
+    def __init__(self, application: Any) -> None:
+        self.application = application
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+        if scope["type"] != "websocket":
+            raise ValueError("BrowserOriginValidator guards WebSocket connections only")
+        origins = [value for name, value in scope.get("headers") or () if bytes(name).lower() == b"origin"]
+        if all(origin_allowed(bytes(value).decode("latin-1"), scope) for value in origins):
+            return await self.application(scope, receive, send)
+        return await WebsocketDenier()(scope, receive, send)
 
 
 def AllowedHostsBrowserOriginValidator(application: Any) -> BrowserOriginValidator:  # noqa: N802 - channels' style
-    """Like channels' AllowedHostsOriginValidator, but lets Origin-less (non-browser) clients in."""
-    allowed = list(settings.ALLOWED_HOSTS)
-    if settings.DEBUG and not allowed:
-        allowed = ["localhost", "127.0.0.1", "[::1]"]
-    return BrowserOriginValidator(application, allowed)
+    """The site's WebSocket guard: browsers only from its own origin or THINK["TRUSTED_ORIGINS"]."""
+    return BrowserOriginValidator(application)

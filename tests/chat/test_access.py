@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,12 +34,14 @@ from chat.access import (
     conversation_open,
     conversation_read,
     issue_token,
+    session_principal,
     token_principal,
     user_principal,
 )
 from chat.agents import open_agent
 from chat.checks import check_think_settings
 from chat.models import Conversation, Message
+from chat.tokens import revoke_principal_tokens, revoke_token, token_claims
 from recovery.checks import check_recovery_deploy, check_recovery_settings
 from tests.chat.sockets import APPLICATION, TIMEOUT_S, new_name, seed_conversation, stored_state
 from tests.operator_support import terminate_new_backends
@@ -62,14 +65,17 @@ def backdated_token(principal: str, seconds: int) -> str:
         def timestamp(self) -> str:
             return signing.b62_encode(int(time.time()) - seconds)
 
-    return Backdated(salt=TOKEN_SALT).sign_object(principal, compress=True)
+    claims = {"p": principal, "id": uuid.uuid4().hex, "iat": time.time() - seconds}
+    return Backdated(salt=TOKEN_SALT).sign_object(claims, compress=True)
 
 
 # -- tokens --------------------------------------------------------------------------------------------
+@pytest.mark.django_db
 def test_a_token_stands_for_its_principal() -> None:
     assert token_principal(issue_token(ALICE)) == ALICE
 
 
+@pytest.mark.django_db
 def test_a_token_expires(settings: Any) -> None:
     settings.THINK = {**settings.THINK, "TOKEN_MAX_AGE_S": 60}
     assert token_principal(backdated_token(ALICE, 30)) == ALICE
@@ -84,6 +90,9 @@ def test_a_token_expires(settings: Any) -> None:
         lambda: signing.dumps(ALICE),  # signed for another purpose (salt)
         lambda: signing.dumps(ALICE, salt=TOKEN_SALT, key="another-secret"),
         lambda: signing.dumps(42, salt=TOKEN_SALT),  # not a principal
+        lambda: signing.dumps(ALICE, salt=TOKEN_SALT, compress=True),  # the first format: no id to revoke
+        lambda: signing.dumps({"p": ALICE, "iat": time.time()}, salt=TOKEN_SALT),  # no id
+        lambda: signing.dumps({"p": ALICE, "id": "x", "iat": "now"}, salt=TOKEN_SALT),
         lambda: "not-a-token",
         lambda: "",
     ],
@@ -91,6 +100,46 @@ def test_a_token_expires(settings: Any) -> None:
 def test_a_forged_token_is_refused(forged: Any) -> None:
     with pytest.raises(AccessDenied, match="not valid"):
         token_principal(forged())
+
+
+@pytest.mark.django_db
+def test_a_token_is_refused_once_revoked_by_its_id_or_with_every_older_token_of_its_principal() -> None:
+    first, second, bobs = issue_token(ALICE), issue_token(ALICE), issue_token(BOB)
+    revoke_token(first)
+    with pytest.raises(AccessDenied, match="revoked"):
+        token_principal(first)
+    assert token_principal(second) == ALICE, "one token only"
+    revoke_token(token_claims(second).token_id)  # by the id think_token prints
+    with pytest.raises(AccessDenied, match="revoked"):
+        token_principal(second)
+    older = issue_token(ALICE)
+    revoke_principal_tokens(ALICE)
+    newer = issue_token(ALICE)
+    with pytest.raises(AccessDenied, match="revoked"):
+        token_principal(older)
+    assert token_principal(newer) == ALICE and token_principal(bobs) == BOB
+    revoke_principal_tokens(ALICE)  # again: the moment moves on
+    with pytest.raises(AccessDenied, match="revoked"):
+        token_principal(newer)
+
+
+@pytest.mark.django_db
+def test_a_users_token_is_refused_once_the_user_is_inactive_or_gone() -> None:
+    user = get_user_model().objects.create_user("dora")
+    token = issue_token(f"user:{user.pk}")
+    assert token_principal(token) == f"user:{user.pk}"
+    user.is_active = False
+    user.save()
+    with pytest.raises(AccessDenied, match="not active"):
+        token_principal(token)
+    user.is_active = True
+    user.save()
+    assert token_principal(token) == f"user:{user.pk}"
+    user.delete()
+    with pytest.raises(AccessDenied, match="not active"):
+        token_principal(token)
+    with pytest.raises(AccessDenied, match="not active"):  # not a primary key at all
+        token_principal(issue_token("user:not-a-number"))
 
 
 def test_a_token_needs_a_principal() -> None:
@@ -118,7 +167,10 @@ def test_principals_of_users_sessions_and_tokens() -> None:
     assert user_principal(inactive) is None and user_principal(AnonymousUser()) is None
     assert users.principal(Credentials(user=user)) == f"user:{user.pk}"
     assert sessions.principal(Credentials(user=user, session_key="k")) == f"user:{user.pk}"
-    assert sessions.principal(Credentials(user=AnonymousUser(), session_key="k")) == "session:k"
+    anonymous = sessions.principal(Credentials(user=AnonymousUser(), session_key="k"))
+    assert (
+        anonymous == session_principal("k") and anonymous.startswith("session:") and anonymous != "session:k"
+    )
     for policy in (users, sessions):
         assert policy.principal(Credentials(token=issue_token(BOB), user=user)) == BOB, "a token wins"
         with pytest.raises(AccessDenied, match="not valid"):  # never falls back to the session
@@ -271,7 +323,7 @@ async def test_frames_a_stranger_sends_anyway_change_nothing() -> None:
 async def test_the_owner_gets_in_by_token_or_session() -> None:
     name = new_name("by-session")
     await database_sync_to_async(Conversation.objects.create)(
-        agent="assistant", name=name, owner="session:s1"
+        agent="assistant", name=name, owner=session_principal("s1")
     )
     for scope_session, expected_close in ((Session("s1"), None), (Session("s2"), 4403), (None, 4403)):
         communicator = WebsocketCommunicator(APPLICATION, f"/agents/assistant/{name}")
@@ -395,7 +447,19 @@ def test_think_token_prints_a_token_for_a_user_or_a_principal() -> None:
     call_command("think_token", "--principal", "service:reporting", stdout=out, stderr=io.StringIO())
     assert token_principal(out.getvalue().strip()) == "service:reporting"
     get_user_model().objects.create_user("gus", is_active=False)
+    tokens = [issue_token("service:reporting") for _ in range(3)]
+    call_command("think_token", "--revoke", tokens[0], stdout=io.StringIO())
+    call_command("think_token", "--revoke", token_claims(tokens[1]).token_id, stdout=io.StringIO())
+    for revoked in tokens[:2]:
+        with pytest.raises(AccessDenied, match="revoked"):
+            token_principal(revoked)
+    assert token_principal(tokens[2]) == "service:reporting"
+    call_command("think_token", "--revoke-all", "service:reporting", stdout=io.StringIO())
+    with pytest.raises(AccessDenied, match="revoked"):
+        token_principal(tokens[2])
     for args, message in (
+        (["--revoke", "forged:token:value"], "not a token of this site"),
+        (["--revoke-all", " "], "needs a principal"),
         (["--user", "nobody"], "no user"),
         (["--user", "gus"], "not active"),
         (["--principal", " "], "empty"),
