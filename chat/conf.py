@@ -39,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_MESSAGE_BYTES": 256_000,  # the JSON of one new UIMessage in a chat request
     "MAX_MESSAGE_PARTS": 200,  # parts of one new UIMessage
     "MAX_TOOL_OUTPUT_BYTES": 256_000,  # the JSON of one cf_agent_tool_result output
+    # New messages one chat request may add (clients echo the transcript: stored ones do not count).
+    "MAX_NEW_MESSAGES": 100,
     # The transcript clients are sent (on connect, after each turn, get-messages): the newest messages
     # whose JSON fits in this many bytes; older ones page back (chat.transcript.window). Well under
     # daphne's 1 MiB message limit, and small enough that a client echoing it in a chat request stays

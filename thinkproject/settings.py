@@ -183,6 +183,7 @@ if os.environ.get("THINK_LIVENESS_SESSIONS") == "0":  # the lease alone detects 
 # "none" lifts a limit.
 for _key in (
     "MAX_QUEUED_TURNS",
+    "MAX_NEW_MESSAGES",
     "PRINCIPAL_MAX_ACTIVE_TURNS",
     "PRINCIPAL_TURNS_PER_MINUTE",
     "PRINCIPAL_TOKENS_PER_DAY",
