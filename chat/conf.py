@@ -39,6 +39,11 @@ DEFAULTS: dict[str, Any] = {
     "MAX_MESSAGE_BYTES": 256_000,  # the JSON of one new UIMessage in a chat request
     "MAX_MESSAGE_PARTS": 200,  # parts of one new UIMessage
     "MAX_TOOL_OUTPUT_BYTES": 256_000,  # the JSON of one cf_agent_tool_result output
+    "MAX_CLIENT_TOOLS_BYTES": 100_000,  # the JSON of the `clientTools` of a chat request or tool result
+    # Answers (tool results, approvals) that come while their turn runs wait in one JSON column until it
+    # ends: at most this many per conversation, and this many bytes together (chat.transcript.answer_buffer).
+    "MAX_BUFFERED_TOOL_UPDATES": 50,
+    "MAX_BUFFERED_TOOL_UPDATE_BYTES": 1_000_000,
     # New messages one chat request may add (clients echo the transcript: stored ones do not count).
     "MAX_NEW_MESSAGES": 100,
     # The transcript clients are sent (on connect, after each turn, get-messages): the newest messages
@@ -92,4 +97,5 @@ def frame_limits() -> Limits:
         max_message_bytes=think_setting("MAX_MESSAGE_BYTES"),
         max_message_parts=think_setting("MAX_MESSAGE_PARTS"),
         max_tool_output_bytes=think_setting("MAX_TOOL_OUTPUT_BYTES"),
+        max_client_tools_bytes=think_setting("MAX_CLIENT_TOOLS_BYTES"),
     )

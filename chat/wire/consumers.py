@@ -25,7 +25,7 @@ from recovery.stream import stream_chunks
 from ..access import Credentials, conversation_open
 from ..agents import agent_class, agent_for, conversation_name_problem
 from ..conf import frame_limits, think_setting
-from ..exceptions import AccessDenied, BranchNotFound, ConversationBusy, UnknownAgent
+from ..exceptions import AccessDenied, AnswerRefused, BranchNotFound, ConversationBusy, UnknownAgent
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
@@ -141,6 +141,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except p.ProtocolError as exc:
             level = logging.WARNING if isinstance(exc, p.LimitExceeded) else logging.INFO
             logger.log(level, "frame refused: %s", exc, extra=self._log_extra())
+            if isinstance(exc, AnswerRefused):
+                await self.send(p.tool_refused_frame(exc.tool_call_id, str(exc)))
             await self._refuse(text_data, f"Invalid chat request: {exc}")
             return
         if frame is None:
@@ -283,6 +285,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
         if result.status == "unknown":
             logger.info("answer for unknown tool call %s ignored", tool_call_id, extra=self._log_extra())
+        if result.status == "refused":  # nothing of it was stored: the sender hears why
+            await self.send(p.tool_refused_frame(tool_call_id, result.problem))
         if result.refused:  # the answer is stored; the turn it would continue is over a limit
             logger.warning("continuation refused: %s", result.refused, extra=self._log_extra())
             refusal = f"Continuation refused: {result.refused}"

@@ -367,7 +367,13 @@ async def test_a_tool_output_over_the_limit_is_logged_and_not_stored(
                 await socket.send_to(text_data=json.dumps(result))
                 answer, frames = await probe(socket)
             assert answer["reason"] == "idle"
-            assert frames == []  # no error frame exists for a tool result: the log line is all
+            assert frames == [  # the sender hears why, for its call
+                {
+                    "type": p.TOOL_REFUSED,
+                    "toolCallId": "call-1",
+                    "reason": "tool output is larger than 100 bytes",
+                }
+            ]
             assert "frame refused: tool output is larger than 100 bytes" in caplog.text
             assert await stored_state(conversation_id) == before
     assert not enqueue.called
