@@ -72,6 +72,14 @@ DEFAULTS: dict[str, Any] = {
     # Anonymous visitors get a new principal with each session cookie: their turns are also counted per
     # client address (the cache must be shared by the web processes for this to hold across them).
     "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS": 20,
+    # What one principal may hold open or ask of the web processes (chat.wire.limits, counted in the shared
+    # cache): sockets at once (a new one is closed with 4429), also per client address for anonymous
+    # visitors; conversations they own (a new name beyond is closed with 4409, nothing created); replays
+    # of stored streams (resume ACKs) a minute. None: no limit.
+    "PRINCIPAL_MAX_SOCKETS": 50,
+    "ANONYMOUS_SOCKETS_PER_ADDRESS": 200,
+    "PRINCIPAL_MAX_CONVERSATIONS": 1000,
+    "PRINCIPAL_REPLAYS_PER_MINUTE": 60,
 }
 
 

@@ -82,3 +82,7 @@ class ResponseFailed(ThinkError):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class ConversationLimit(ThinkError):
+    """A principal who owns THINK["PRINCIPAL_MAX_CONVERSATIONS"] conversations asked for a new one."""

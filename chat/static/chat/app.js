@@ -616,6 +616,8 @@
     4400: "bad conversation name",
     4403: "access denied (this conversation belongs to someone else, or you are not signed in)",
     4404: "unknown agent",
+    4409: "you have too many conversations; open one of yours or delete some first",
+    4429: "you have too many connections open (other tabs or windows); close some, then reload",
   };
 
   function isTerminalClose(code) {
