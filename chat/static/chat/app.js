@@ -534,6 +534,7 @@
     cf_agent_chat_clear: clearLocal,
     cf_agent_chat_stopped: onStopped,
     cf_agent_chat_branch_refused: (f) => showError(`Could not switch branches: ${f.reason}`),
+    cf_agent_tool_refused: (f) => showError(`Your answer was refused: ${f.reason}`),
   };
 
   function handleFrame(frame) {
