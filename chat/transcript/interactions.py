@@ -159,7 +159,7 @@ def interaction_apply(
                 return InteractionResult("refused", problem=problem)
             conversation.tool_updates = [*conversation.tool_updates, buffered_copy(update)]
             status = "buffered"
-        if update.get("clientTools") is not None:
+        if update.get("clientTools") is not None and status != "unknown":  # not a made-up call's
             conversation.last_client_tools = update["clientTools"]
         if status == "applied" and message is not None and announce is not None:
             stored = message.as_ui_message()  # on_commit hooks run in order: this one first

@@ -125,6 +125,16 @@ def test_a_client_tools_answer_during_its_turn_still_waits_and_is_applied(
     assert Message.objects.get(message_id="a1").parts[0]["output"] == "Ada"
 
 
+def test_an_answer_for_no_call_at_all_stores_nothing(db: Any) -> None:
+    """No turn runs and no message has the call: the answer and its schemas are dropped."""
+    conversation = Conversation.objects.create(agent="assistant", name="idle")
+    tools = [{"name": "ask_user"}]
+    outcome = interaction_apply(conversation_id=conversation.pk, update=answer("made-up", clientTools=tools))
+    assert outcome.status == "unknown"
+    conversation.refresh_from_db()
+    assert conversation.tool_updates == [] and conversation.last_client_tools is None
+
+
 def tool_result_frame(**extra: Any) -> str:
     return json.dumps({"type": "cf_agent_tool_result", "toolCallId": "c1", "output": 1, **extra})
 
