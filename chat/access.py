@@ -33,6 +33,7 @@ from .exceptions import AccessDenied
 from .tokens import TOKEN_SALT as TOKEN_SALT  # re-exported: chat.access is where sites import tokens from
 from .tokens import issue_token as issue_token
 from .tokens import token_principal
+from .transcript.quotas import conversation_get_or_create_within
 from .transcript.selectors import conversation_get
 from .transcript.services import conversation_get_or_create
 
@@ -178,5 +179,18 @@ def conversation_read(*, agent: str, name: str, credentials: Credentials) -> Con
     principal = policy.principal(credentials)
     conversation = conversation_get(agent=agent, name=name)
     if conversation is not None and not policy.may_access(principal, conversation):
+        raise AccessDenied("this conversation belongs to someone else")
+    return conversation
+
+
+def conversation_open_as(
+    *, agent: str, name: str, principal: str, policy: AccessPolicy | None = None
+) -> Conversation:
+    """`conversation_open` for a principal already known. A new conversation is refused with
+    ConversationLimit when they own THINK["PRINCIPAL_MAX_CONVERSATIONS"] already (the ones they have
+    still open)."""
+    policy = policy or access_policy()
+    conversation = conversation_get_or_create_within(agent=agent, name=name, owner=principal)
+    if not policy.may_access(principal, conversation):
         raise AccessDenied("this conversation belongs to someone else")
     return conversation

@@ -43,6 +43,13 @@ DEFAULTS: dict[str, Any] = {
     "MAX_MESSAGE_BYTES": 256_000,  # the JSON of one new UIMessage in a chat request
     "MAX_MESSAGE_PARTS": 200,  # parts of one new UIMessage
     "MAX_TOOL_OUTPUT_BYTES": 256_000,  # the JSON of one cf_agent_tool_result output
+    "MAX_CLIENT_TOOLS_BYTES": 100_000,  # the JSON of the `clientTools` of a chat request or tool result
+    # Answers (tool results, approvals) that come while their turn runs wait in one JSON column until it
+    # ends: at most this many per conversation, and this many bytes together (chat.transcript.answer_buffer).
+    "MAX_BUFFERED_TOOL_UPDATES": 50,
+    "MAX_BUFFERED_TOOL_UPDATE_BYTES": 1_000_000,
+    # New messages one chat request may add (clients echo the transcript: stored ones do not count).
+    "MAX_NEW_MESSAGES": 100,
     # The transcript clients are sent (on connect, after each turn, get-messages): the newest messages
     # whose JSON fits in this many bytes; older ones page back (chat.transcript.window). Well under
     # daphne's 1 MiB message limit, and small enough that a client echoing it in a chat request stays
@@ -69,6 +76,14 @@ DEFAULTS: dict[str, Any] = {
     # Anonymous visitors get a new principal with each session cookie: their turns are also counted per
     # client address (the cache must be shared by the web processes for this to hold across them).
     "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS": 20,
+    # What one principal may hold open or ask of the web processes (chat.wire.limits, counted in the shared
+    # cache): sockets at once (a new one is closed with 4429), also per client address for anonymous
+    # visitors; conversations they own (a new name beyond is closed with 4409, nothing created); replays
+    # of stored streams (resume ACKs) a minute. None: no limit.
+    "PRINCIPAL_MAX_SOCKETS": 50,
+    "ANONYMOUS_SOCKETS_PER_ADDRESS": 200,
+    "PRINCIPAL_MAX_CONVERSATIONS": 1000,
+    "PRINCIPAL_REPLAYS_PER_MINUTE": 60,
 }
 
 
@@ -94,4 +109,5 @@ def frame_limits() -> Limits:
         max_message_bytes=think_setting("MAX_MESSAGE_BYTES"),
         max_message_parts=think_setting("MAX_MESSAGE_PARTS"),
         max_tool_output_bytes=think_setting("MAX_TOOL_OUTPUT_BYTES"),
+        max_client_tools_bytes=think_setting("MAX_CLIENT_TOOLS_BYTES"),
     )

@@ -21,6 +21,14 @@ class LimitExceeded(ProtocolError):
     """A well-formed client frame that is over one of the size limits."""
 
 
+class AnswerRefused(LimitExceeded):
+    """A tool result over a size limit: the client hears of it for its call (cf_agent_tool_refused)."""
+
+    def __init__(self, message: str, *, tool_call_id: str) -> None:
+        super().__init__(message)
+        self.tool_call_id = tool_call_id
+
+
 class AccessDenied(ThinkError):
     """The principal may not use the conversation, or there is no valid principal at all."""
 
@@ -81,3 +89,7 @@ class ResponseFailed(ThinkError):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class ConversationLimit(ThinkError):
+    """A principal who owns THINK["PRINCIPAL_MAX_CONVERSATIONS"] conversations asked for a new one."""

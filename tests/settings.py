@@ -64,6 +64,16 @@ THINK = {
         "litellm-read-agent": "tests.agents.LitellmReadAgent",
     },
 }
+# The one test principal holds many sockets, conversations and replays over a run: those bounds are lifted
+# too, unless a test's daphne sets one (THINK_<KEY>, tests/e2e/test_bounds.py).
+for _key in (
+    "PRINCIPAL_MAX_SOCKETS",
+    "ANONYMOUS_SOCKETS_PER_ADDRESS",
+    "PRINCIPAL_MAX_CONVERSATIONS",
+    "PRINCIPAL_REPLAYS_PER_MINUTE",
+):
+    if not os.environ.get(f"THINK_{_key}"):
+        THINK[_key] = None
 # A stack may stretch the lease, to show what happens before a heartbeat (tests/e2e/test_stop.py), or
 # keep its workers from polling for dead ones (the shared stack: it must not take the fibers of the
 # stacks that tests kill, which their own workers and beat recover from their own queue).

@@ -182,16 +182,33 @@ if os.environ.get("THINK_LIVENESS_SESSIONS") == "0":  # the lease alone detects 
 # Admission limits and the recovery batch (README's table; the benchmarks set them for their stacks).
 # "none" lifts a limit.
 for _key in (
+    "MAX_NAME_LENGTH",
+    "MAX_FRAME_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_MESSAGE_PARTS",
+    "MAX_TOOL_OUTPUT_BYTES",
+    "MAX_FRAME_BURST",
+    "PRINCIPAL_OUTPUT_TOKENS_PER_DAY",
     "MAX_QUEUED_TURNS",
+    "MAX_NEW_MESSAGES",
+    "MAX_BUFFERED_TOOL_UPDATES",
+    "MAX_BUFFERED_TOOL_UPDATE_BYTES",
+    "MAX_CLIENT_TOOLS_BYTES",
     "PRINCIPAL_MAX_ACTIVE_TURNS",
     "PRINCIPAL_TURNS_PER_MINUTE",
     "PRINCIPAL_TOKENS_PER_DAY",
     "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS",
+    "PRINCIPAL_MAX_SOCKETS",
+    "ANONYMOUS_SOCKETS_PER_ADDRESS",
+    "PRINCIPAL_MAX_CONVERSATIONS",
+    "PRINCIPAL_REPLAYS_PER_MINUTE",
     "RECOVERY_CLAIMS_PER_TICK",
 ):
     if os.environ.get(f"THINK_{_key}"):
         _value = os.environ[f"THINK_{_key}"]
         THINK[_key] = None if _value.lower() == "none" else int(_value)
+if os.environ.get("THINK_MAX_FRAMES_PER_S"):
+    THINK["MAX_FRAMES_PER_S"] = float(os.environ["THINK_MAX_FRAMES_PER_S"])
 
 from recovery.schedules import beat_schedule  # noqa: E402
 

@@ -14,10 +14,9 @@ from typing import Any
 
 from django.db import transaction
 
-from recovery.models import Fiber
-
 from ..models import Conversation, Message
 from ..wire.protocol import ToolApproval, ToolResult
+from .answer_buffer import already_buffered, buffer_refusal, buffered_copy, turn_in_flight
 from .quotas import principal_refusal, principal_turn_counted
 from .repair import batch_complete, is_settled
 from .turns import turn_start_followup
@@ -32,11 +31,13 @@ Part = dict[str, Any]
 @dataclass(frozen=True)
 class InteractionResult:
     # "applied", "buffered", "noop" (already answered), "refused" (a result for a server tool's call:
-    # not the client's to answer) or "unknown" (no such tool call)
+    # not the client's to answer; or an answer over a bound, chat.transcript.answer_buffer) or "unknown"
+    # (no such tool call)
     status: str
     message: dict[str, Any] | None = None  # the updated message, for cf_agent_message_updated
     continuation_request_id: str | None = None
     refused: str = ""  # why the continuation the answer completes did not start (a principal's limit)
+    problem: str = ""  # why the answer itself was refused (status "refused"): cf_agent_tool_refused
 
 
 def tool_part_name(part: Part) -> str:
@@ -93,6 +94,9 @@ def _find(conversation_id: int, tool_call_id: str) -> tuple[Message, int] | None
     return None
 
 
+SERVER_TOOL_PROBLEM = "tool call {!r} is a server tool's: the server writes its output"
+
+
 def _apply(conversation: Conversation, update: dict[str, Any]) -> tuple[str, Message | None]:
     found = _find(conversation.pk, update["toolCallId"])
     if found is None:
@@ -143,19 +147,23 @@ def interaction_apply(
 
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
-        if update.get("clientTools") is not None:
-            conversation.last_client_tools = update["clientTools"]
         status, message = _apply(conversation, update)
+        if status == "refused":
+            return InteractionResult(status, problem=SERVER_TOOL_PROBLEM.format(update["toolCallId"]))
+        if status == "unknown" and turn_in_flight(conversation):
+            if already_buffered(conversation, update):
+                return InteractionResult("noop")
+            problem = buffer_refusal(conversation, update)
+            if problem:
+                logger.warning("answer for tool call %s refused: %s", update["toolCallId"], problem)
+                return InteractionResult("refused", problem=problem)
+            conversation.tool_updates = [*conversation.tool_updates, buffered_copy(update)]
+            status = "buffered"
+        if update.get("clientTools") is not None and status != "unknown":  # not a made-up call's
+            conversation.last_client_tools = update["clientTools"]
         if status == "applied" and message is not None and announce is not None:
             stored = message.as_ui_message()  # on_commit hooks run in order: this one first
             transaction.on_commit(lambda: announce(stored), robust=True)
-        in_flight = [Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED]  # its message is not stored yet
-        if (
-            status == "unknown"
-            and Fiber.objects.filter(conversation=conversation, status__in=in_flight).exists()
-        ):
-            conversation.tool_updates = [*conversation.tool_updates, update]
-            status = "buffered"
         continuation, refused = None, ""
         if status == "applied" and message is not None and continuation_due(conversation, message):
             conversation.continue_armed = ""

@@ -19,12 +19,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from recovery.models import Fiber
 
 from ..conf import think_setting
+from ..exceptions import ConversationLimit
+from ..models import Conversation
+from .selectors import conversation_get
+from .services import conversation_get_or_create
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _COUNT_TURN = """
@@ -99,3 +103,22 @@ def principal_turn_counted(principal: str) -> None:
     if principal:
         with connection.cursor() as cursor:
             cursor.execute(_COUNT_TURN, [principal])
+
+
+def conversation_get_or_create_within(*, agent: str, name: str, owner: str) -> Conversation:
+    """The conversation (agent, name), created for `owner` when new, unless they own
+    THINK["PRINCIPAL_MAX_CONVERSATIONS"] already: ConversationLimit, and nothing is created. Each name
+    is a row, so a client connecting to fresh names would otherwise add rows without end."""
+    existing = conversation_get(agent=agent, name=name)
+    limit = think_setting("PRINCIPAL_MAX_CONVERSATIONS")
+    if existing is not None or limit is None or not owner:
+        return existing or conversation_get_or_create(agent=agent, name=name, owner=owner)
+    with transaction.atomic():
+        with connection.cursor() as cursor:  # two sockets of the principal creating at once take turns
+            cursor.execute(_LOCK, [f"think-principal:{owner}"])
+        if conversation_get(agent=agent, name=name) is None:
+            if Conversation.objects.filter(owner=owner).count() >= limit:
+                raise ConversationLimit(
+                    f"you already have {limit} conversations; open one of them or delete some first"
+                )
+        return conversation_get_or_create(agent=agent, name=name, owner=owner)

@@ -59,6 +59,25 @@ def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
     return _message_create(conversation_id, message, _next_position(conversation_id))
 
 
+def messages_append(*, conversation_id: int, messages: list[dict[str, Any]]) -> None:
+    """Append new UIMessages (ids the conversation does not have) in one insert, after the last one.
+    Call with the conversation locked."""
+    if not messages:
+        return
+    first = _next_position(conversation_id)
+    Message.objects.bulk_create(
+        Message(
+            conversation_id=conversation_id,
+            message_id=message["id"],
+            role=message["role"],
+            parts=message.get("parts", []),
+            metadata=message.get("metadata"),
+            position=first + offset,
+        )
+        for offset, message in enumerate(messages)
+    )
+
+
 def _message_create(conversation_id: int, message: dict[str, Any], position: int) -> Message:
     return Message.objects.create(
         conversation_id=conversation_id,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
 from .quotas import principal_refusal, principal_turn_counted
 from .selectors import messages_list
-from .services import conversation_lock, message_upsert
+from .services import conversation_lock, message_upsert, messages_append
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
 
@@ -61,9 +61,14 @@ def turn_refusal(
     stored ones stay as they are whatever the echo says. Call with the conversation locked."""
     known = set(_known_positions(conversation_id, request.messages))
     limits = frame_limits()
-    for message in request.messages:
-        if message["id"] in known or message["id"].startswith(COMPACTION_PREFIX):
-            continue
+    new = _new_messages(request.messages, known)
+    most = think_setting("MAX_NEW_MESSAGES")
+    if len(new) > most:
+        return (
+            f"it adds {len(new)} new messages, more than the {most} one request may add; send them in"
+            " smaller requests"
+        )
+    for message in new:
         problem = None if client_history else client_message_problem(message)
         if problem is not None:
             return problem
@@ -222,6 +227,18 @@ def turn_accept(
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded, ahead=ahead)
 
 
+def _new_messages(incoming: list[dict[str, Any]], known: Collection[str]) -> list[dict[str, Any]]:
+    """The messages of a request the server does not have, one per id (the last copy of an id wins).
+    Clients echo the whole transcript with each request: only these are the request's own; a
+    compaction's summary message is a view, never stored (clients echo it back)."""
+    new = {
+        message["id"]: message
+        for message in incoming
+        if message["id"] not in known and not message["id"].startswith(COMPACTION_PREFIX)
+    }
+    return list(new.values())
+
+
 def _edit_of(conversation_id: int, request: ChatRequest) -> tuple[dict[str, Any], int] | None:
     """An edit: a submitted request whose last message is a stored user message with other parts (the
     AI SDK's `sendMessage({text, messageId})`). That message and its stored position; None otherwise.
@@ -261,10 +278,7 @@ def _reconcile(
     if edit is not None:
         tail_set_aside(conversation_id=conversation_id, after_position=edit[1] - 1)
         known.pop(edit[0]["id"], None)
-    for message in incoming:
-        # A compaction's summary message is a view, never stored (clients echo it back).
-        if message["id"] not in known and not message["id"].startswith(COMPACTION_PREFIX):
-            message_upsert(conversation_id=conversation_id, message=message)
+    messages_append(conversation_id=conversation_id, messages=_new_messages(incoming, known))
 
 
 def _known_positions(conversation_id: int, incoming: list[dict[str, Any]]) -> dict[str, int]:

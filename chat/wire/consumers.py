@@ -15,6 +15,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -22,10 +23,17 @@ from recovery.fibers import conversation_busy, fiber_waiting
 from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
-from ..access import Credentials, conversation_open
+from ..access import Credentials, access_policy, conversation_open_as
 from ..agents import agent_class, agent_for, conversation_name_problem
 from ..conf import frame_limits, think_setting
-from ..exceptions import AccessDenied, BranchNotFound, ConversationBusy, UnknownAgent
+from ..exceptions import (
+    AccessDenied,
+    AnswerRefused,
+    BranchNotFound,
+    ConversationBusy,
+    ConversationLimit,
+    UnknownAgent,
+)
 from ..transcript.interactions import InteractionResult, tool_approval_apply, tool_result_apply
 from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
@@ -36,7 +44,14 @@ from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
 from .broadcast import group_name, publish_sync, release_parked
-from .limits import frame_bucket
+from .limits import (
+    SOCKET_RENEW_S,
+    frame_bucket,
+    replay_refusal,
+    socket_slot_release,
+    socket_slot_renew,
+    socket_slot_take,
+)
 from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
@@ -46,6 +61,8 @@ logger = logging.getLogger(__name__)
 CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_BAD_NAME = 4400
 CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_MANY_CONVERSATIONS = 4409  # the principal owns PRINCIPAL_MAX_CONVERSATIONS already
+CLOSE_TOO_MANY_SOCKETS = 4429  # the principal (or anonymous address) has its sockets open already
 SENT_SEQ_MEMORY = 32
 
 
@@ -73,6 +90,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.following: dict[str, list[float]] = {}
         self.order = asyncio.Lock()  # live frames, replays and fills go out one at a time, in seq order
         self.start_watches: set[asyncio.Task[None]] = set()  # accepted turns not known to have started
+        self.offered: set[str] = set()  # streams this socket was offered (resuming): an ACK must name one
+        self.slot: dict[str, Any] | None = None  # its place among the principal's open sockets
         self.limits, self.bucket, self.throttled = frame_limits(), frame_bucket(), False
         self.send_limit = think_setting("MAX_SEND_BYTES")
         subprotocols = list(self.scope.get("subprotocols") or [])
@@ -87,13 +106,20 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_BAD_NAME, reason=problem)
             return
         try:  # the only door: every frame after this acts on the conversation checked here
-            conversation = await database_sync_to_async(conversation_open)(
-                agent=self.agent_name, name=self.instance_name, credentials=Credentials.from_scope(self.scope)
+            policy = access_policy()
+            principal = await database_sync_to_async(policy.principal)(Credentials.from_scope(self.scope))
+            if not await self._take_slot(principal):
+                return
+            conversation = await database_sync_to_async(conversation_open_as)(
+                agent=self.agent_name, name=self.instance_name, principal=principal, policy=policy
             )
-        except AccessDenied as exc:
+        except (AccessDenied, ConversationLimit) as exc:
             logger.info("connection refused: %s", exc, extra=self._log_extra())
-            await self.close(code=CLOSE_FORBIDDEN, reason=str(exc))
+            await self._release_slot()
+            code = CLOSE_TOO_MANY_CONVERSATIONS if isinstance(exc, ConversationLimit) else CLOSE_FORBIDDEN
+            await self.close(code=code, reason=str(exc))
             return
+        self.principal = principal
         self.conversation_id = conversation.pk
         self.group = group_name(conversation.pk)
         # Join before reading state, so nothing published after the read can be missed.
@@ -101,10 +127,46 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await connection_join(self.channel_name)
         await self._send_connect_frames()
 
+    async def _take_slot(self, principal: str) -> bool:
+        """A place among the principal's open sockets (and its address's, when anonymous), renewed while
+        the socket is open; closed 4429 when there is none."""
+        slot: dict[str, Any] = {
+            "principal": principal,
+            "address": self._client_address(),
+            "socket": self.channel_name,
+        }
+        refused = await sync_to_async(socket_slot_take, thread_sensitive=False)(**slot)
+        if refused:
+            logger.warning("connection refused: %s", refused, extra=self._log_extra())
+            await self.close(code=CLOSE_TOO_MANY_SOCKETS, reason=refused)
+            return False
+        self.slot = slot
+        self.slot_renewal = asyncio.create_task(self._renew_slot())
+        return True
+
+    async def _renew_slot(self) -> None:
+        while True:
+            await asyncio.sleep(SOCKET_RENEW_S)
+            assert self.slot is not None
+            await sync_to_async(socket_slot_renew, thread_sensitive=False)(**self.slot)
+
+    async def _release_slot(self) -> None:
+        if self.slot is not None:
+            self.slot_renewal.cancel()
+            slot, self.slot = self.slot, None
+            await sync_to_async(socket_slot_release, thread_sensitive=False)(**slot)
+
+    def _offer(self, request_id: str) -> None:
+        """This socket is told to ACK this stream (cf_agent_stream_resuming): its ACK is honoured."""
+        if len(self.offered) >= SENT_SEQ_MEMORY:
+            self.offered.clear()
+        self.offered.add(request_id)
+
     async def _send_connect_frames(self) -> None:
         state = await database_sync_to_async(connect_state)(conversation_id=self.conversation_id)
         if state.active_request_id is not None:
             self.pending_resume = state.active_request_id
+            self._offer(state.active_request_id)
             await self.send(p.stream_resuming_frame(state.active_request_id))
         else:
             assert state.window is not None
@@ -121,6 +183,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         silence.unwatch(self)
         for watch in self.start_watches:
             watch.cancel()
+        await self._release_slot()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
             await connection_leave(self.channel_name)
@@ -141,6 +204,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except p.ProtocolError as exc:
             level = logging.WARNING if isinstance(exc, p.LimitExceeded) else logging.INFO
             logger.log(level, "frame refused: %s", exc, extra=self._log_extra())
+            if isinstance(exc, AnswerRefused):
+                await self.send(p.tool_refused_frame(exc.tool_call_id, str(exc)))
             await self._refuse(text_data, f"Invalid chat request: {exc}")
             return
         if frame is None:
@@ -283,6 +348,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
         if result.status == "unknown":
             logger.info("answer for unknown tool call %s ignored", tool_call_id, extra=self._log_extra())
+        if result.status == "refused":  # nothing of it was stored: the sender hears why
+            await self.send(p.tool_refused_frame(tool_call_id, result.problem))
         if result.refused:  # the answer is stored; the turn it would continue is over a limit
             logger.warning("continuation refused: %s", result.refused, extra=self._log_extra())
             refusal = f"Continuation refused: {result.refused}"
@@ -309,6 +376,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if answer.kind == "resuming":
             assert answer.request_id is not None
             self.pending_resume = answer.request_id
+            self._offer(answer.request_id)
             await self.send(p.stream_resuming_frame(answer.request_id, frame.probe_id))
         elif answer.kind == "pending":
             self.parked = True
@@ -317,6 +385,16 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(p.stream_resume_none_frame(answer.kind, frame.probe_id))
 
     async def on_resumeack(self, frame: p.ResumeAck) -> None:
+        """Replay a stream this socket was offered (once per offer), within the principal's replays."""
+        if frame.id not in self.offered:
+            logger.info("resume ACK for a stream never offered ignored", extra=self._log_extra())
+            return
+        self.offered.discard(frame.id)
+        refused = await sync_to_async(replay_refusal, thread_sensitive=False)(self.principal)
+        if refused:
+            logger.warning("replay refused: %s", refused, extra=self._log_extra())
+            await self.send(p.response_frame(frame.id, f"Resume refused: {refused}", done=True, error=True))
+            return
         if self.pending_resume == frame.id:
             self.pending_resume = None
         async with self.order:  # live frames wait, so replay and the live tail cannot interleave
@@ -356,6 +434,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if self.parked:
             self.parked = False
             self.pending_resume = event["request_id"]
+            self._offer(event["request_id"])
             await self.send(p.stream_resuming_frame(event["request_id"]))
 
     async def think_stream_end(self, event: dict[str, Any]) -> None:

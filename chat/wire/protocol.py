@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..exceptions import LimitExceeded, ProtocolError
+from ..exceptions import AnswerRefused, LimitExceeded, ProtocolError
 
 USE_CHAT_REQUEST = "cf_agent_use_chat_request"
 USE_CHAT_RESPONSE = "cf_agent_use_chat_response"
@@ -37,6 +37,8 @@ CHAT_STOP = "cf_agent_chat_stop"
 CHAT_STOPPED = "cf_agent_chat_stopped"
 # thinkproject's own: bring back another branch after a message (docs/protocol.md "Branches").
 CHAT_BRANCH = "cf_agent_chat_branch"
+# thinkproject's own: a tool result or approval the server refused, and why (docs/protocol.md "Refusals").
+TOOL_REFUSED = "cf_agent_tool_refused"
 CHAT_BRANCH_REFUSED = "cf_agent_chat_branch_refused"
 
 ROLES = frozenset({"user", "assistant", "system"})
@@ -53,6 +55,7 @@ class Limits:
     max_message_bytes: int = 256_000  # the JSON of one UIMessage
     max_message_parts: int = 200
     max_tool_output_bytes: int = 256_000  # the JSON of one cf_agent_tool_result output
+    max_client_tools_bytes: int = 100_000  # the JSON of a frame's `clientTools` (their schemas)
 
 
 DEFAULT_LIMITS = Limits()
@@ -282,13 +285,15 @@ def json_size(value: Any) -> int:
     return len(dumps(value).encode("utf-8", "surrogatepass"))
 
 
-def _parse_client_tools(value: Any) -> list[dict[str, Any]] | None:
+def _parse_client_tools(value: Any, limits: Limits) -> list[dict[str, Any]] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(
         isinstance(t, dict) and isinstance(t.get("name"), str) for t in value
     ):
         raise ProtocolError("'clientTools' must be a list of objects with a 'name'")
+    if json_size(value) > limits.max_client_tools_bytes:
+        raise LimitExceeded(f"'clientTools' is larger than {limits.max_client_tools_bytes} bytes")
     return value
 
 
@@ -308,14 +313,19 @@ def _parse_chat_request(data: dict[str, Any], limits: Limits) -> ChatRequest:
     trigger = body.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
         raise ProtocolError("'trigger' must be submit-message or regenerate-message")
-    client_tools = _parse_client_tools(body.get("clientTools"))
+    client_tools = _parse_client_tools(body.get("clientTools"), limits)
     extra = {k: v for k, v in body.items() if k not in ("messages", "trigger", "clientTools")}
     return ChatRequest(request_id, messages, trigger, extra, client_tools)
 
 
 def _parse_tool_result(data: dict[str, Any], limits: Limits) -> ToolResult:
-    if json_size(data.get("output")) > limits.max_tool_output_bytes:
-        raise LimitExceeded(f"tool output is larger than {limits.max_tool_output_bytes} bytes")
+    tool_call_id = _str_field(data, "toolCallId")
+    try:
+        if json_size(data.get("output")) > limits.max_tool_output_bytes:
+            raise LimitExceeded(f"tool output is larger than {limits.max_tool_output_bytes} bytes")
+        client_tools = _parse_client_tools(data.get("clientTools"), limits)
+    except LimitExceeded as exc:  # the client hears of it for its call
+        raise AnswerRefused(str(exc), tool_call_id=tool_call_id) from None
     state = data.get("state") or "output-available"
     if state not in ("output-available", "output-error"):
         raise ProtocolError("'state' must be output-available or output-error")
@@ -325,13 +335,13 @@ def _parse_tool_result(data: dict[str, Any], limits: Limits) -> ToolResult:
     # The client hook sends autoContinue false with an error; an explicit value is honoured either way.
     auto_continue = bool(data.get("autoContinue", state != "output-error"))
     return ToolResult(
-        tool_call_id=_str_field(data, "toolCallId"),
+        tool_call_id=tool_call_id,
         tool_name=_str_field(data, "toolName", required=False),
         output=data.get("output"),
         state=state,
         error_text=error_text,
         auto_continue=auto_continue,
-        client_tools=_parse_client_tools(data.get("clientTools")),
+        client_tools=client_tools,
     )
 
 
@@ -494,6 +504,11 @@ def chat_stopped_frame(stopped: dict[str, Any]) -> str:
 def branch_refused_frame(anchor_id: str, index: int, reason: str) -> str:
     """A branch switch the server refused (the sender only): why, for the page to show."""
     return dumps({"type": CHAT_BRANCH_REFUSED, "anchorId": anchor_id, "index": index, "reason": reason})
+
+
+def tool_refused_frame(tool_call_id: str, reason: str) -> str:
+    """A tool result or approval the server refused and did not store (the sender only): why."""
+    return dumps({"type": TOOL_REFUSED, "toolCallId": tool_call_id, "reason": reason})
 
 
 def chat_clear_frame() -> str:

@@ -11,6 +11,7 @@ from chat.transcript.finish import interactions_settle
 from chat.transcript.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
 from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
+from tests.chat.test_answer_buffer import stream_calls
 
 
 def part(state: str, call: str = "c1", **extra: Any) -> dict[str, Any]:
@@ -117,7 +118,8 @@ def test_an_answer_for_an_unknown_call_is_dropped_when_no_turn_runs(conversation
 def test_an_answer_that_beats_its_turn_to_the_database_is_applied_when_the_turn_stores_its_message(
     conversation: Conversation,
 ) -> None:
-    Fiber.objects.create(conversation=conversation, request_id="r1", status=Fiber.Status.RUNNING)
+    fiber = Fiber.objects.create(conversation=conversation, request_id="r1", status=Fiber.Status.RUNNING)
+    stream_calls(fiber, "c1")
     outcome = interaction_apply(conversation_id=conversation.pk, update=result("c1"))
     assert outcome.status == "buffered"
     add_assistant(conversation, part("input-available", "c1"))  # the turn stores its message
@@ -162,7 +164,8 @@ def test_a_buffered_result_for_a_server_tool_is_refused_when_its_turn_stores_the
     conversation: Conversation,
 ) -> None:
     """Sent while the turn runs (the call not stored yet), applied when the turn finishes: refused then."""
-    Fiber.objects.create(conversation=conversation, request_id="r1", status=Fiber.Status.RUNNING)
+    fiber = Fiber.objects.create(conversation=conversation, request_id="r1", status=Fiber.Status.RUNNING)
+    stream_calls(fiber, "c1")
     assert interaction_apply(conversation_id=conversation.pk, update=server_result("c1")).status == "buffered"
     waiting = part("approval-requested", "c1", approval={"id": "ap-1"})
     add_assistant(conversation, waiting)

@@ -35,6 +35,7 @@ LIMIT_KEYS = [
     "MAX_TOOL_OUTPUT_BYTES",
     "MAX_QUEUED_TURNS",
     "MAX_FRAME_BURST",
+    "MAX_NEW_MESSAGES",
 ]
 
 
@@ -214,6 +215,40 @@ def test_messages_the_server_already_has_are_not_checked(settings: Any, conversa
     assert not accepted.refused and accepted.fiber_id is not None
 
 
+@pytest.mark.django_db
+def test_a_request_adding_more_new_messages_than_the_bound_is_refused_and_stores_nothing(
+    settings: Any, conversation: Conversation
+) -> None:
+    settings.THINK = think(MAX_NEW_MESSAGES=3)
+    many = [user(f"m{n}", "") for n in range(4)]
+    refused = accept(conversation, "r1", *many)
+    assert refused.refused == (
+        "it adds 4 new messages, more than the 3 one request may add; send them in smaller requests"
+    )
+    assert not Message.objects.filter(conversation=conversation).exists()
+    assert not Fiber.objects.filter(request_id="r1").exists()
+
+
+@pytest.mark.django_db
+def test_only_messages_the_server_does_not_have_count_as_new(
+    settings: Any, conversation: Conversation, django_assert_max_num_queries: Any
+) -> None:
+    """Clients send the whole transcript each time: a long conversation's echo is not new; the new
+    messages are stored in order, in one insert (not a few queries each)."""
+    settings.THINK = think(MAX_NEW_MESSAGES=3)
+    first = [user(f"m{n}") for n in range(3)]
+    assert not accept(conversation, "r1", *first).refused
+    Fiber.objects.update(status=Fiber.Status.COMPLETED)
+    for n in range(3, 9, 3):  # the echo grows past the bound; each request adds three
+        echo = [user(f"m{k}") for k in range(n)]
+        with django_assert_max_num_queries(24):
+            accepted = accept(conversation, f"r{n}", *echo, *(user(f"m{k}") for k in range(n, n + 3)))
+        assert not accepted.refused
+        Fiber.objects.update(status=Fiber.Status.COMPLETED)
+    stored = list(Message.objects.filter(conversation=conversation).values_list("message_id", "position"))
+    assert stored == [(f"m{n}", n) for n in range(9)]
+
+
 # -- the consumer ----------------------------------------------------------------------------------------
 WAITING = [
     {"id": "u-1", "role": "user", "parts": [{"type": "text", "text": "where am I?"}]},
@@ -332,7 +367,13 @@ async def test_a_tool_output_over_the_limit_is_logged_and_not_stored(
                 await socket.send_to(text_data=json.dumps(result))
                 answer, frames = await probe(socket)
             assert answer["reason"] == "idle"
-            assert frames == []  # no error frame exists for a tool result: the log line is all
+            assert frames == [  # the sender hears why, for its call
+                {
+                    "type": p.TOOL_REFUSED,
+                    "toolCallId": "call-1",
+                    "reason": "tool output is larger than 100 bytes",
+                }
+            ]
             assert "frame refused: tool output is larger than 100 bytes" in caplog.text
             assert await stored_state(conversation_id) == before
     assert not enqueue.called

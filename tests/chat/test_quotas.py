@@ -189,6 +189,10 @@ def test_the_limits_are_on_by_default() -> None:
         "PRINCIPAL_TURNS_PER_MINUTE",
         "PRINCIPAL_TOKENS_PER_DAY",
         "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS",
+        "PRINCIPAL_MAX_SOCKETS",
+        "ANONYMOUS_SOCKETS_PER_ADDRESS",
+        "PRINCIPAL_MAX_CONVERSATIONS",
+        "PRINCIPAL_REPLAYS_PER_MINUTE",
     }
 
 

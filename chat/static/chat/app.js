@@ -534,6 +534,7 @@
     cf_agent_chat_clear: clearLocal,
     cf_agent_chat_stopped: onStopped,
     cf_agent_chat_branch_refused: (f) => showError(`Could not switch branches: ${f.reason}`),
+    cf_agent_tool_refused: (f) => showError(`Your answer was refused: ${f.reason}`),
   };
 
   function handleFrame(frame) {
@@ -616,6 +617,8 @@
     4400: "bad conversation name",
     4403: "access denied (this conversation belongs to someone else, or you are not signed in)",
     4404: "unknown agent",
+    4409: "you have too many conversations; open one of yours or delete some first",
+    4429: "you have too many connections open (other tabs or windows); close some, then reload",
   };
 
   function isTerminalClose(code) {
