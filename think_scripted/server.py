@@ -12,7 +12,8 @@ The reply is driven by the *prompt*: the last user message of the request that i
 prompt (summarisation requests excepted, see below). Directives in it (case-insensitive, anywhere in the
 text, combinable):
 
-* ``count to N`` -- reply ``1 2 ... N``, one number per chunk (``"1"``, ``" 2"``, ...).
+* ``count to N`` -- reply ``1 2 ... N``, one number per chunk (``"1"``, ``" 2"``, ...). N above
+  ``SCRIPTED_MODEL_MAX_CHUNKS`` (20,000) is refused with an HTTP 400: the reply is built in memory.
 * ``[rate R]`` -- pace this reply at R chunks per second (``R <= 0``: as fast as possible).
 * ``[stall after K]`` -- after K content chunks stop sending but keep the connection open until the
   client goes away (the response never ends). ``K=0`` stalls right after the role chunk.
@@ -167,6 +168,8 @@ OVERFLOW_MESSAGE = context_length_message(*OVERFLOW_WINDOW)
 
 Json = dict[str, Any]
 
+# The longest ``count to N`` the server builds (a reply is built whole, in memory, before it is sent).
+MAX_CHUNKS = int(os.environ.get("SCRIPTED_MODEL_MAX_CHUNKS", "") or 20_000)
 _COUNT_RE = re.compile(r"\bcount to\s+(\d+)", re.IGNORECASE)
 _CACHED_RE = re.compile(r"\[cached\s+(\d+)\s*\]", re.IGNORECASE)
 _RATE_RE = re.compile(r"\[rate\s+(-?\d+(?:\.\d*)?)\s*\]", re.IGNORECASE)
@@ -300,12 +303,35 @@ def _make_fault(after: int, mode: str | None, status: int = 0) -> Fault:
     return Fault(after, mode == "always", status, once=mode == "once")
 
 
+def _count_to(match: re.Match[str] | None) -> int | None:
+    """The N of ``count to N``, within MAX_CHUNKS: a reply is built whole before it is sent, so one
+    message must not make the server build a billion numbers."""
+    if match is None:
+        return None
+    digits = match.group(1)
+    if len(digits) > len(str(MAX_CHUNKS)) or int(digits) > MAX_CHUNKS:
+        raise BadRequestError(
+            f"count to {digits[:20]}{'...' if len(digits) > 20 else ''}: at most {MAX_CHUNKS} numbers"
+            " (SCRIPTED_MODEL_MAX_CHUNKS)"
+        )
+    return int(digits)
+
+
 def parse_directives(text: str) -> Directives:
     """The directives of a prompt (see the module docstring)."""
     count, rate, stall = _COUNT_RE.search(text), _RATE_RE.search(text), _STALL_RE.search(text)
     fail, overflow = _FAIL_RE.search(text), _OVERFLOW_RE.search(text)
+    try:
+        return _directives(text, count, rate, stall, fail, overflow)
+    except BadRequestError:
+        raise
+    except ValueError as exc:  # a number too long to read, say
+        raise BadRequestError(f"a directive cannot be read: {exc}") from exc
+
+
+def _directives(text: str, count: Any, rate: Any, stall: Any, fail: Any, overflow: Any) -> Directives:
     return Directives(
-        int(count.group(1)) if count else None,
+        _count_to(count),
         float(rate.group(1)) if rate else None,
         _make_fault(int(stall.group(1)), stall.group(2)) if stall else None,
         _make_fault(int(fail.group(1)), fail.group(3), int(fail.group(2))) if fail else None,
