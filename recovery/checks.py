@@ -38,9 +38,9 @@ def check_recovery_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     return [
         *messages,
         CheckWarning(
-            "GET /metrics is open to anyone who can reach it (THINK['METRICS_TOKEN'] is not set).",
-            hint="Set THINK['METRICS_TOKEN'] (the scraper sends it as a bearer token), or keep the "
-            "metrics URL off the public network.",
+            "GET /metrics is served only to a scraper on this machine (THINK['METRICS_TOKEN'] is not set).",
+            hint="Set THINK['METRICS_TOKEN'] (the scraper sends it as a bearer token) to scrape it from "
+            "another machine or through a proxy.",
             id="think_recovery.W001",
         ),
     ]

@@ -179,10 +179,14 @@ def start_worker(
 
 
 def start_daphne(
-    env: dict[str, str], log_dir: Path, *, application: str = "thinkproject.asgi:application"
+    env: dict[str, str],
+    log_dir: Path,
+    *,
+    application: str = "thinkproject.asgi:application",
+    options: tuple[str, ...] = (),
 ) -> tuple[Proc, int]:
     port = free_port()
-    args = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), application]
+    args = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *options, application]
     proc = Proc("daphne", args, env, log_dir / f"daphne-{port}.log").start()
 
     def listening() -> bool:
@@ -430,12 +434,14 @@ def seed(agent: str, name: str, count: int = 6) -> None:
         )
 
 
-def http_get(port: int, path: str, session: str | None = None) -> tuple[int, bytes]:
+def http_get(
+    port: int, path: str, session: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """GET a path of a site on 127.0.0.1 (as the user of a sessionid cookie): status and body."""
     import urllib.error
     import urllib.request
 
-    headers = {"Cookie": f"sessionid={session}"} if session else {}
+    headers = {**(headers or {}), **({"Cookie": f"sessionid={session}"} if session else {})}
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

@@ -406,6 +406,32 @@ def test_metrics_want_the_token_when_one_is_set(client: Client, settings: Any) -
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"REMOTE_ADDR": "10.1.2.3"},
+        {"REMOTE_ADDR": "203.0.113.9"},
+        {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": "127.0.0.1"},
+        {"REMOTE_ADDR": "::1", "HTTP_FORWARDED": "for=127.0.0.1"},
+        {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_REAL_IP": "10.0.0.1"},
+        {"REMOTE_ADDR": ""},
+    ],
+)
+def test_metrics_without_a_token_are_for_this_machine_only(
+    client: Client, settings: Any, headers: dict[str, str]
+) -> None:
+    """Issue 34 row 7: the demo served /metrics to anyone. Without a token only a loopback client that
+    came through no proxy (a header that says so, true or forged) is served."""
+    settings.THINK = {**settings.THINK, "METRICS_TOKEN": None}
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 403
+    assert b"think_" not in response.content
+    assert client.get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    settings.THINK = {**settings.THINK, "METRICS_TOKEN": "s3cret"}
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret", **headers).status_code == 200
+
+
 # -- checks and the command ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("think", "error_id"),
