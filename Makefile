@@ -25,6 +25,9 @@ migrate: install
 ## thinkproject/embedded.py starts under .run/ (the database kept in .run/pgdata) and stops afterwards.
 ## Web, worker and beat share one metrics directory (prometheus_client multiprocess mode), emptied first.
 run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/.run/metrics
+## The demo runs with DEBUG on (a deployment's default is off) and, unless DJANGO_SECRET_KEY is set, a
+## random key of the checkout's own, made once in .run/secret_key (thinkproject/settings.py).
+run serve migrate: export DJANGO_DEBUG ?= 1
 run: install
 	$(PY) -m thinkproject.embedded run -- $(MAKE) --no-print-directory -o $(VENV)/.installed serve
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -21,6 +22,8 @@ os.environ["DATABASE_URL"] = BENCH_DB
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "thinkproject.settings")
 # As in production: DEBUG keeps every query in memory and wraps every cursor.
 os.environ.setdefault("DJANGO_DEBUG", "0")
+# With DEBUG off a process refuses a public key (think_chat.E026): the run's processes share a fresh one.
+os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # A benchmark is a flood by design, mostly from one principal: the per-principal limits are lifted
 # (bench/overload.py --max-active sets one back; bench/limits.py measures them).

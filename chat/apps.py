@@ -1,4 +1,18 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+def refuse_unsafe_secret_key() -> None:
+    """No process of a site with DEBUG off starts with a public or guessable SECRET_KEY: whoever knows
+    the key signs a token for any user (think_chat.E026; `manage.py check --deploy` reports it always)."""
+    if settings.DEBUG:
+        return
+    from .secret_key import HINT, secret_key_problems
+
+    problems = secret_key_problems()
+    if problems:
+        raise ImproperlyConfigured(f"think_chat.E026: {' '.join(problems)} {HINT}")
 
 
 class ChatConfig(AppConfig):
@@ -8,6 +22,7 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        refuse_unsafe_secret_key()
         from recovery.alarms import register_callback
         from recovery.flusher import register_fanout
         from recovery.targets import register_target

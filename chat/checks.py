@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.utils.module_loading import import_string
 
@@ -17,6 +17,8 @@ from .access import AccessPolicy
 from .agents import MESSAGE_CONCURRENCY_POLICIES, Think, kebab, plain_attribute
 from .conf import think_setting
 from .origins import origin_problem
+from .secret_key import HINT as SECRET_KEY_HINT
+from .secret_key import secret_key_problems
 from .turn.overflow import ContextOverflow
 from .turn.pricing import ModelPrices
 from .turn.tools import Tool
@@ -36,6 +38,13 @@ POSITIVE_INTEGERS = (
     "MAX_BUFFERED_TOOL_UPDATE_BYTES",
     "MAX_CLIENT_TOOLS_BYTES",
 )
+
+
+@register(Tags.security, deploy=True)
+def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """think_chat.E026: a public or guessable SECRET_KEY (chat/secret_key.py). Also refused at start-up
+    whenever DEBUG is off (ChatConfig.ready)."""
+    return [Error(problem, hint=SECRET_KEY_HINT, id="think_chat.E026") for problem in secret_key_problems()]
 
 
 @register()

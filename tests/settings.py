@@ -84,5 +84,7 @@ for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S", "LIVENESS_POLL_MS"):
 if os.environ.get("THINK_TEST_MAX_SEND_BYTES"):
     THINK["MAX_SEND_BYTES"] = int(os.environ["THINK_TEST_MAX_SEND_BYTES"])
 ROOT_URLCONF = "tests.urls"
-SECRET_KEY = "tests-only"
+# DEBUG is off, as in a deployment, so the key must pass think_chat.E026 (tests/e2e/test_make_run.py and
+# tests/support.py sign the test clients' tokens with it).
+SECRET_KEY = "tests-only-key-signing-nothing-outside-this-suite-0123456789"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

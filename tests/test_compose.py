@@ -101,3 +101,21 @@ def test_procfile_processes_share_the_metrics_directory_make_run_empties() -> No
 
 def test_single_beat(compose: dict[str, Any]) -> None:
     assert compose["services"]["beat"].get("deploy", {}).get("replicas", 1) == 1
+
+
+def test_no_key_ships_with_the_stack(compose: dict[str, Any]) -> None:
+    """Issue 34 row 1: compose shipped `change-me`, a key anyone could sign a token for user 1 with.
+    `${VAR:?message}` makes compose stop until the key is set."""
+    for service in ("migrate", "web", "worker", "beat"):
+        key = compose["services"][service]["environment"]["DJANGO_SECRET_KEY"]
+        assert key.startswith("${DJANGO_SECRET_KEY:?"), key
+        assert compose["services"][service]["environment"]["DJANGO_DEBUG"] == "False"
+
+
+def test_the_web_port_is_published_on_this_machine_only_and_needs_a_login(compose: dict[str, Any]) -> None:
+    """Issue 34 row 7: port 8000 was published on every interface, open to anonymous visitors."""
+    for service in compose["services"].values():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), port
+    env = compose["services"]["web"]["environment"]
+    assert env["THINK_ACCESS_POLICY"] == "${THINK_ACCESS_POLICY:-chat.access.UserAccess}"

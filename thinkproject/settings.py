@@ -5,6 +5,7 @@ on localhost and no model provider key (the scripted model is used then).
 """
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -44,8 +45,30 @@ def database_from_url(url: str) -> dict[str, Any]:
     }
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-in-production")
-DEBUG = env_bool("DJANGO_DEBUG", True)
+def development_secret_key(path: Path) -> str:
+    """The checkout's own random key for `make run` (DEBUG on): made once, readable by its owner only.
+    A key in the repository would let anyone sign a token for any user of a demo reachable by others."""
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        draft = path.with_name(f"{path.name}.{os.getpid()}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(draft, path)  # whole or not at all; a process starting beside this one keeps the first
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+# Off unless asked for: `make run` asks (DJANGO_DEBUG=1), a deployment does not. With DEBUG off, a public
+# or guessable key stops every process at start-up (think_chat.E026, chat/secret_key.py).
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (
+    development_secret_key(BASE_DIR / ".run" / "secret_key") if DEBUG else ""
+)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 
 INSTALLED_APPS = [
@@ -115,7 +138,7 @@ CHANNELS_REDIS_URL = os.environ.get("CHANNELS_REDIS_URL", REDIS_URL.rsplit("/", 
 CACHE_REDIS_URL = os.environ.get("CACHE_REDIS_URL", REDIS_URL.rsplit("/", 1)[0] + "/2")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_REDIS_URL}}
 
-CHANNEL_LAYERS = {
+CHANNEL_LAYERS: dict[str, Any] = {
     "default": {
         # channels_redis's pub/sub layer, plus one round trip for every turn's frames of a flusher tick
         # (chat/layers.py); channels_redis.core.RedisChannelLayer works too, at a higher cost per frame.

@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 import pytest
 import redis
+from django.conf import settings
 
 from tests.support import (
     ROOT,
@@ -137,7 +138,7 @@ def make_run(clone: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         WEB_PORT=str(free_port()),
         SCRIPTED_MODEL_PORT=str(model_port),
         SCRIPTED_MODEL_URL=f"http://127.0.0.1:{model_port}/v1",
-        DJANGO_SECRET_KEY="tests-only",  # the test clients' tokens are signed with the tests' key
+        DJANGO_SECRET_KEY=settings.SECRET_KEY,  # the test clients' tokens are signed with the tests' key
         WORKER_CONCURRENCY="8",
         BEAT_SCHEDULE_FILE=str(clone / ".run" / "beat-schedule"),
     )

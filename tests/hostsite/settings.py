@@ -27,7 +27,7 @@ REDIS_BASE = os.environ.get(
     "THINK_TEST_REDIS_URL", os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0]
 )
 
-SECRET_KEY = "hostsite-tests-only"
+SECRET_KEY = "hostsite-tests-only-key-that-signs-nothing-outside-this-suite-0123"
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 
