@@ -32,6 +32,11 @@ for _limit in (
     "PRINCIPAL_TURNS_PER_MINUTE",
     "PRINCIPAL_TOKENS_PER_DAY",
     "ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS",
+    "PRINCIPAL_MAX_SOCKETS",
+    "ANONYMOUS_SOCKETS_PER_ADDRESS",
+    "PRINCIPAL_MAX_CONVERSATIONS",
+    "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS",
+    "PRINCIPAL_REPLAYS_PER_MINUTE",
 ):
     os.environ.setdefault(f"THINK_{_limit}", "none")
 # Keep the benchmark's queues and groups away from a dev stack on the same Redis.

@@ -184,13 +184,19 @@ def conversation_read(*, agent: str, name: str, credentials: Credentials) -> Con
 
 
 def conversation_open_as(
-    *, agent: str, name: str, principal: str, policy: AccessPolicy | None = None
+    *,
+    agent: str,
+    name: str,
+    principal: str,
+    policy: AccessPolicy | None = None,
+    address: str | None = None,
 ) -> Conversation:
-    """`conversation_open` for a principal already known. A new conversation is refused with
-    ConversationLimit when they own THINK["PRINCIPAL_MAX_CONVERSATIONS"] already (the ones they have
-    still open)."""
+    """`conversation_open` for a principal already known, from a client `address` (if known). A new
+    conversation is refused with ConversationLimit when they own THINK["PRINCIPAL_MAX_CONVERSATIONS"]
+    already (the ones they have still open), or, anonymous, their address has opened
+    THINK["ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS"] new ones in the hour."""
     policy = policy or access_policy()
-    conversation = conversation_get_or_create_within(agent=agent, name=name, owner=principal)
+    conversation = conversation_get_or_create_within(agent=agent, name=name, owner=principal, address=address)
     if not policy.may_access(principal, conversation):
         raise AccessDenied("this conversation belongs to someone else")
     return conversation

@@ -83,6 +83,9 @@ DEFAULTS: dict[str, Any] = {
     "PRINCIPAL_MAX_SOCKETS": 50,
     "ANONYMOUS_SOCKETS_PER_ADDRESS": 200,
     "PRINCIPAL_MAX_CONVERSATIONS": 1000,
+    # A new cookie is a new principal: new conversations of anonymous visitors are also counted per client
+    # address, for an hour from the first (beyond: closed with 4409, nothing created).
+    "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS": 200,
     "PRINCIPAL_REPLAYS_PER_MINUTE": 60,
 }
 

@@ -98,6 +98,20 @@ def _address_refusal(principal: str, address: str | None) -> str:
     return ""
 
 
+def _address_conversation_counted(owner: str, address: str | None) -> None:
+    """One more new conversation of an anonymous visitor from `address`, or ConversationLimit."""
+    limit = think_setting("ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS")
+    if limit is None or not address or not owner.startswith(ANONYMOUS_PREFIX):
+        return
+    key = f"think:anonymous-conversations:{address}"
+    cache.add(key, 0, timeout=3600)  # a window that opens with the address's first new conversation
+    if cache.incr(key) > limit:
+        raise ConversationLimit(
+            f"more than {limit} new conversations an hour from your address without signing in;"
+            " open one you have, or sign in"
+        )
+
+
 def principal_turn_counted(principal: str) -> None:
     """One more turn of `principal` today (in the accepting transaction)."""
     if principal:
@@ -105,14 +119,21 @@ def principal_turn_counted(principal: str) -> None:
             cursor.execute(_COUNT_TURN, [principal])
 
 
-def conversation_get_or_create_within(*, agent: str, name: str, owner: str) -> Conversation:
+def conversation_get_or_create_within(
+    *, agent: str, name: str, owner: str, address: str | None = None
+) -> Conversation:
     """The conversation (agent, name), created for `owner` when new, unless they own
-    THINK["PRINCIPAL_MAX_CONVERSATIONS"] already: ConversationLimit, and nothing is created. Each name
-    is a row, so a client connecting to fresh names would otherwise add rows without end."""
+    THINK["PRINCIPAL_MAX_CONVERSATIONS"] already, or `owner` is anonymous and their client `address` has
+    opened THINK["ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS"] new ones in the hour:
+    ConversationLimit, and nothing is created. Each name is a row, so a client connecting to fresh
+    names (with a fresh cookie each time, when anonymous) would otherwise add rows without end."""
     existing = conversation_get(agent=agent, name=name)
+    if existing is not None:
+        return existing
+    _address_conversation_counted(owner, address)
     limit = think_setting("PRINCIPAL_MAX_CONVERSATIONS")
-    if existing is not None or limit is None or not owner:
-        return existing or conversation_get_or_create(agent=agent, name=name, owner=owner)
+    if limit is None or not owner:
+        return conversation_get_or_create(agent=agent, name=name, owner=owner)
     with transaction.atomic():
         with connection.cursor() as cursor:  # two sockets of the principal creating at once take turns
             cursor.execute(_LOCK, [f"think-principal:{owner}"])

@@ -111,7 +111,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
             if not await self._take_slot(principal):
                 return
             conversation = await database_sync_to_async(conversation_open_as)(
-                agent=self.agent_name, name=self.instance_name, principal=principal, policy=policy
+                agent=self.agent_name,
+                name=self.instance_name,
+                principal=principal,
+                policy=policy,
+                address=self._client_address(),
             )
         except (AccessDenied, ConversationLimit) as exc:
             logger.info("connection refused: %s", exc, extra=self._log_extra())

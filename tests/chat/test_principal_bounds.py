@@ -110,6 +110,30 @@ def test_a_new_conversation_beyond_the_bound_is_refused_and_no_row_is_made(setti
     conversation_open_as(agent="assistant", name=names[2], principal=someone())  # someone else's count
 
 
+@pytest.mark.django_db
+def test_new_conversations_of_anonymous_visitors_are_counted_per_address(settings: Any) -> None:
+    """Each cookie is a principal of its own; the address they come from is one."""
+    settings.THINK = think(ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS=2)
+    address = f"198.51.100.{uuid.uuid4().int % 250}-{uuid.uuid4().hex[:6]}"
+    names = [new_name("anon") for _ in range(4)]
+    for name in names[:2]:
+        conversation_open_as(
+            agent="assistant", name=name, principal=f"session:{uuid.uuid4().hex}", address=address
+        )
+    with pytest.raises(ConversationLimit, match="more than 2 new conversations an hour from your address"):
+        conversation_open_as(
+            agent="assistant", name=names[2], principal=f"session:{uuid.uuid4().hex}", address=address
+        )
+    assert not Conversation.objects.filter(name=names[2]).exists()
+    owner = Conversation.objects.get(name=names[0]).owner
+    assert (
+        conversation_open_as(agent="assistant", name=names[0], principal=owner, address=address).owner
+        == owner
+    )
+    conversation_open_as(agent="assistant", name=names[2], principal=someone(), address=address)  # signed in
+    conversation_open_as(agent="assistant", name=names[3], principal="session:x", address=address + "-other")
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_socket_to_a_name_beyond_the_bound_is_closed_4409(settings: Any) -> None:
     settings.THINK = think(PRINCIPAL_MAX_CONVERSATIONS=1)

@@ -192,6 +192,7 @@ def test_the_limits_are_on_by_default() -> None:
         "PRINCIPAL_MAX_SOCKETS",
         "ANONYMOUS_SOCKETS_PER_ADDRESS",
         "PRINCIPAL_MAX_CONVERSATIONS",
+        "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS",
         "PRINCIPAL_REPLAYS_PER_MINUTE",
     }
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from chat.models import Conversation, Message
 from recovery.models import Fiber
@@ -53,6 +55,7 @@ def bounded(stack: Any, log_dir: Path) -> Iterator[int]:
         "THINK_PRINCIPAL_MAX_SOCKETS": "3",
         "THINK_PRINCIPAL_MAX_CONVERSATIONS": "3",
         "THINK_PRINCIPAL_REPLAYS_PER_MINUTE": "3",
+        "THINK_ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS": "3",
     }
     daphne, port = start_daphne({**stack.env, **env}, log_dir)
     yield port
@@ -97,6 +100,36 @@ async def test_fresh_names_beyond_the_principals_bound_are_closed_4409_with_no_r
     assert await Conversation.objects.filter(owner=principal).acount() == 3
     async with ChatClient(bounded, names[0], principal=principal) as client:  # theirs still open
         await client.recv_type("cf_agent_identity")
+
+
+async def test_fresh_cookies_do_not_lift_the_bound_on_new_conversations(bounded: int) -> None:
+    """A new cookie is a new anonymous principal, each with PRINCIPAL_MAX_CONVERSATIONS of its own: a loop
+    of "get a cookie, connect to a fresh name" would add rows without end. New conversations of anonymous
+    visitors are also counted per client address (3 an hour here): the 4th is closed 4409, no row."""
+    names = [new_name("anon") for _ in range(5)]
+    cookies = []
+    for name in names:
+        cookie = await sync_to_async(fresh_cookie)(bounded)
+        cookies.append(cookie)
+        async with ChatClient(bounded, name, principal=None, cookie=cookie) as client:
+            if len(cookies) <= 3:
+                await client.recv_type("cf_agent_identity")
+            else:
+                assert await client.close_code() == 4409
+                assert client.frames == []
+    assert await Conversation.objects.filter(name__in=names[:3]).acount() == 3
+    assert not await Conversation.objects.filter(name__in=names[3:]).aexists()
+    async with ChatClient(bounded, names[0], principal=None, cookie=cookies[0]) as client:  # theirs opens
+        await client.recv_type("cf_agent_identity")
+    async with ChatClient(bounded, new_name("signed"), principal=someone()) as client:  # not anonymous
+        await client.recv_type("cf_agent_identity")
+
+
+def fresh_cookie(port: int) -> str:
+    """What a cookie-less visit to the page hands out: a new session, a new anonymous principal."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+        cookies = response.headers.get_all("Set-Cookie") or []
+    return next(c.split(";")[0] for c in cookies if c.startswith("sessionid="))
 
 
 async def replay_answer(client: ChatClient, request_id: str) -> list[dict[str, Any]]:
