@@ -43,7 +43,7 @@ def test_a_long_random_key_is_safe() -> None:
 
 
 def demo(
-    *args: str, debug: str | None, key: str | None, fallbacks: str | None = None
+    *args: str, debug: str | None, key: str | None, extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """A command of the demo site (thinkproject.settings) as a deployment runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "THINK_TEST"))}
@@ -52,6 +52,7 @@ def demo(
         env["DJANGO_DEBUG"] = debug
     if key is not None:
         env["DJANGO_SECRET_KEY"] = key
+    env.update(extra or {})
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -114,3 +115,20 @@ def test_make_runs_own_key_is_random_private_and_kept(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert development_secret_key(path) == key
     assert development_secret_key(tmp_path / "other" / "secret_key") != key
+
+
+def test_the_demo_settings_read_the_proxy_and_trusted_origins_from_the_environment() -> None:
+    """Behind a TLS proxy the page's https:// origin must match its socket's (chat/origins.py)."""
+    script = "from django.conf import settings as s; print(s.SECURE_PROXY_SSL_HEADER, s.CSRF_TRUSTED_ORIGINS)"
+    plain = demo(sys.executable, "-c", script, debug="0", key=STRONG)
+    assert plain.stdout.strip() == "None []", plain.stderr
+    origins = "https://a.example,https://b.example:8443"
+    extra = {"DJANGO_BEHIND_TLS_PROXY": "1", "DJANGO_CSRF_TRUSTED_ORIGINS": origins}
+    proxied = demo(sys.executable, "-c", script, debug="0", key=STRONG, extra=extra)
+    assert proxied.stdout.split() == ["('HTTP_X_FORWARDED_PROTO',", "'https')", *_listed(origins)], (
+        proxied.stderr
+    )
+
+
+def _listed(origins: str) -> list[str]:
+    return str(origins.split(",")).split()

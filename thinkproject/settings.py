@@ -70,6 +70,12 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (
     development_secret_key(BASE_DIR / ".run" / "secret_key") if DEBUG else ""
 )
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+# Pages of other origins that may post forms and open the chat socket (full origins: scheme, host, port).
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (and strips it from clients): the site's
+# own https:// page is same-origin with its wss:// socket only if Django knows the request was https.
+if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "daphne",
