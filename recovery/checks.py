@@ -89,6 +89,10 @@ def _check_numbers() -> list[CheckMessage]:
             errors.append(
                 Error(f"THINK[{key!r}] must be a positive integer, got {value!r}.", id="think_recovery.E001")
             )
+    cache_s = setting("HEALTH_CACHE_S")
+    if not (_positive_number(cache_s) or cache_s == 0) or isinstance(cache_s, bool):
+        message = f"THINK['HEALTH_CACHE_S'] must be a positive number, or 0 (no cache), got {cache_s!r}."
+        errors.append(Error(message, id="think_recovery.E001"))
     retention = setting("INCIDENT_RETENTION_DAYS")
     if retention is not None and not _positive_number(retention):
         message = f"THINK['INCIDENT_RETENTION_DAYS'] must be a positive number or None, got {retention!r}."

@@ -44,8 +44,11 @@ DEFAULTS: dict[str, Any] = {
     # Closed incidents (completed, skipped, exhausted, failed) are the admin's audit trail: kept this many
     # days after their last change, then swept hourly; None keeps them (think_prune still deletes on demand).
     "INCIDENT_RETENTION_DAYS": 30,
-    # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is open (firewall it).
+    # When set, GET /metrics wants "Authorization: Bearer <this>"; when None it is served to loopback only.
     "METRICS_TOKEN": None,
+    # GET /healthz answers from its last result this long (seconds; 0: every request checks), so a flood of
+    # requests costs the dependencies one round of checks a window, not one each.
+    "HEALTH_CACHE_S": 2.0,
 }
 
 

@@ -4,10 +4,17 @@
 otherwise. Each check is `{"ok": true}` or `{"ok": false, "error": "..."}`; the beat check also carries
 `age_s` (seconds since the last recovery tick) and `max_age_s`. The tick runs on a worker when beat sends
 it, so a fresh tick means both beat and a worker are alive.
+
+The endpoint is open, so it says no more than it must and costs little: a failing dependency's error
+is "unavailable" (its exception, which can name hosts, users and ports, goes to the log); the Redis
+checks reuse one connection pool per URL for the process, the database check Django's connection; and
+one result is served for THINK["HEALTH_CACHE_S"] (2 s), computed once however many requests wait for it.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +25,11 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
+from recovery.conf import setting
 from recovery.heartbeat import beat_last_tick
 from recovery.schedules import recovery_tick_seconds
+
+logger = logging.getLogger(__name__)
 
 Check = dict[str, Any]
 REDIS_TIMEOUT_S = 2.0
@@ -38,12 +48,22 @@ def check_postgres() -> Check:
     return {"ok": True}
 
 
+_clients: dict[str, redis.Redis] = {}  # one client (and its connection pool) per URL, for the process
+_clients_lock = threading.Lock()
+
+
+def _client(url: str) -> redis.Redis:
+    with _clients_lock:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients[url] = redis.Redis.from_url(
+                url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+            )
+        return client
+
+
 def _ping(url: str) -> Check:
-    client = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
-    try:
-        client.ping()
-    finally:
-        client.close()
+    _client(url).ping()
     return {"ok": True}
 
 
@@ -90,17 +110,49 @@ CHECKS: dict[str, Callable[[], Check]] = {
 }
 
 
-def _run(check: Callable[[], Check]) -> Check:
+UNAVAILABLE = "unavailable"
+
+
+def _run(name: str, check: Callable[[], Check]) -> Check:
     try:
         return check()
-    except Exception as exc:  # any failure is reported, not raised
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    except Exception as exc:  # any failure is reported, not raised; its text only to the log
+        logger.warning("health check %s failed: %s: %s", name, type(exc).__name__, exc)
+        return {"ok": False, "error": UNAVAILABLE}
+
+
+def health_report() -> tuple[bool, dict[str, Check]]:
+    checks = {name: _run(name, check) for name, check in CHECKS.items()}
+    return all(check["ok"] for check in checks.values()), checks
+
+
+_last: tuple[float, bool, dict[str, Check]] | None = None  # (when, healthy, checks)
+_last_lock = threading.Lock()
+
+
+def health_cached() -> tuple[bool, dict[str, Check]]:
+    """The last report while it is younger than THINK["HEALTH_CACHE_S"]; else a new one, made by one
+    request while the others that arrive meanwhile wait for it."""
+    global _last
+    ttl = float(setting("HEALTH_CACHE_S") or 0)
+    with _last_lock:
+        if _last is not None and ttl and time.monotonic() - _last[0] < ttl:
+            return _last[1], _last[2]
+        healthy, checks = health_report()
+        _last = (time.monotonic(), healthy, checks)
+        return healthy, checks
+
+
+def health_forget() -> None:
+    """Drop the cached report (tests; a check changed)."""
+    global _last
+    with _last_lock:
+        _last = None
 
 
 @require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
-    checks = {name: _run(check) for name, check in CHECKS.items()}
-    healthy = all(check["ok"] for check in checks.values())
+    healthy, checks = health_cached()
     return JsonResponse(
         {"status": "ok" if healthy else "error", "checks": checks}, status=200 if healthy else 503
     )
