@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -84,7 +85,10 @@ def test_with_nothing_there_private_servers_start_and_stop(run_dir: Path, nothin
     try:
         assert [s.name for s in services.servers] == ["postgres", "redis"]
         pg, rd = services.servers
-        assert services.env["DATABASE_URL"] == f"postgres://postgres@127.0.0.1:{pg.port}/thinkproject"
+        assert (
+            services.env["DATABASE_URL"]
+            == f"postgres://postgres:{pg.password}@127.0.0.1:{pg.port}/thinkproject"
+        )
         assert query(pg.url("postgres"), "SELECT rolsuper FROM pg_roles WHERE rolname = 'postgres'") == [
             (True,)
         ]
@@ -229,3 +233,47 @@ def test_as_root_a_data_dir_nobody_cannot_reach_is_refused_with_a_reason(run_dir
     closed.mkdir(mode=0o700)
     with pytest.raises(RuntimeError, match="cannot enter .*closed"):
         embedded.PrivatePostgres(closed / "server").start()
+
+
+# -- a local user cannot log in (issue 34, row 13) ---------------------------------------------------------
+def test_the_private_postgres_wants_its_password(run_dir: Path) -> None:
+    """It trusted every TCP connection from 127.0.0.1: any local user was its superuser."""
+    server = embedded.PrivatePostgres(run_dir, durable=False).start()
+    try:
+        bare = f"postgres://postgres@127.0.0.1:{server.port}/postgres"
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            query(bare, "SELECT 1")
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            query(f"postgres://postgres:guess@127.0.0.1:{server.port}/postgres", "SELECT 1")
+        assert query(server.url("postgres"), "SELECT 1") == [(1,)]
+        assert server.password not in Path(f"/proc/{server.pid}/cmdline").read_text()
+    finally:
+        server.stop()
+
+
+def test_a_cluster_made_with_trust_asks_for_the_password_after_its_next_start(run_dir: Path) -> None:
+    """The demo's kept .run/pgdata was made trusting everyone: its next start secures it."""
+    server = embedded.PrivatePostgres(run_dir, durable=False).start()
+    hba = server.data_dir / "pg_hba.conf"
+    try:
+        server.stop()
+        hba.write_text(hba.read_text().replace("scram-sha-256", "trust"))
+        server.start()
+        bare = f"postgres://postgres@127.0.0.1:{server.port}/postgres"
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            query(bare, "SELECT 1")
+        assert query(server.url("postgres"), "SELECT 1") == [(1,)]
+    finally:
+        server.stop()
+
+
+def test_the_private_redis_wants_its_password(run_dir: Path) -> None:
+    server = embedded.PrivateRedis(run_dir).start()
+    try:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=server.port).ping()
+        assert redis.Redis.from_url(server.url()).ping()
+        assert server.password not in Path(f"/proc/{server.pid}/cmdline").read_text()
+        assert stat.S_IMODE((run_dir / "valkey.conf").stat().st_mode) == 0o600
+    finally:
+        server.stop()

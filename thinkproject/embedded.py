@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from thinkproject.rundir import checked_dir, private_dir, secret_in
+
 logger = logging.getLogger("thinkproject.embedded")
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -99,8 +101,11 @@ def _reachable_copy(install: Path) -> Path:
     copy that loses the rename is dropped)."""
     package = install.parent
     key = hashlib.sha1(str(install.resolve()).encode()).hexdigest()[:12]
-    target = Path(tempfile.gettempdir()) / f"think-pginstall-{key}"
-    if not (target / package.name / install.name / "bin" / "postgres").exists():
+    target = Path(tempfile.gettempdir()) / f"think-pginstall-{os.geteuid()}-{key}"
+    if target.exists() or target.is_symlink():
+        # A name anyone can guess, in a directory anyone can write: used only if this user made it.
+        checked_dir(target)
+    else:
         staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
         try:
             # The binaries find their shared libraries beside the package (RPATH $ORIGIN/../../../
@@ -122,9 +127,10 @@ def scratch_dir(prefix: str) -> Path:
     parent = RUN_DIR
     if os.geteuid() == 0 and not others_can_enter(RUN_DIR):
         parent = Path(tempfile.gettempdir())
-    parent.mkdir(exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    path.chmod(0o755)
+    else:
+        private_dir(parent, mode=0o711 if os.geteuid() == 0 else 0o700)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))  # a new name, made by this call alone
+    path.chmod(0o711 if os.geteuid() == 0 else 0o700)
     return path
 
 
@@ -236,9 +242,11 @@ class PrivateServer:
 
 
 class PrivatePostgres(PrivateServer):
-    """PostgreSQL on 127.0.0.1 with a `postgres` superuser and trust authentication, data in
-    `directory/pgdata`. `durable=False` (the tests') turns fsync off: a killed server keeps every commit
-    it confirmed (the OS has them), a crashed machine would not."""
+    """PostgreSQL on 127.0.0.1 with a `postgres` superuser whose password (scram-sha-256, random, kept in
+    `directory/postgres.password`, mode 0600) any connection must give: on a shared machine another
+    local user could otherwise connect as the superuser. Data in `directory/pgdata`. `durable=False`
+    (the tests') turns fsync off: a killed server keeps every commit it confirmed (the OS has them), a
+    crashed machine would not."""
 
     def __init__(self, directory: Path, *, port: int = 0, durable: bool = True) -> None:
         # Fast shutdown (SIGINT): open sessions are ended, the data is checkpointed.
@@ -247,8 +255,12 @@ class PrivatePostgres(PrivateServer):
         self.data_dir = directory / "pgdata"
         self.bin_dir = postgres_bin_dir()
 
+    @property
+    def password(self) -> str:
+        return secret_in(self.directory / "postgres.password")
+
     def url(self, database: str = DATABASE_NAME) -> str:
-        return f"postgres://postgres@{HOST}:{self.port}/{database}"
+        return f"postgres://postgres:{self.password}@{HOST}:{self.port}/{database}"
 
     def _user(self) -> dict[str, Any]:
         """As root, initdb and postgres run as an unprivileged user (Postgres refuses root)."""
@@ -275,19 +287,35 @@ class PrivatePostgres(PrivateServer):
 
     def init(self) -> None:
         """initdb, unless the data directory holds a cluster already."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory, mode=0o711 if os.geteuid() == 0 else 0o700)
         self._check_reachable()
         if (self.data_dir / "PG_VERSION").exists():
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
         self._own(self.data_dir)
-        args = [str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "-A", "trust"]
-        args += ["-E", "UTF8", "--locale=C", "--no-instructions"]
+        # initdb reads the password from a file (never a command line, which any local user can read),
+        # as the server's user: a copy of its own for the moment initdb runs.
+        pwfile = self.directory / f".initdb-password.{os.getpid()}"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(self.password + "\n")
+        self._own(pwfile)
+        args = [str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres"]
+        args += [
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-instructions",
+        ]
         if not self.durable:
             args.append("--no-sync")
-        with open(self.log_path, "ab") as log:
-            done = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=120, **self._user())
+        try:
+            with open(self.log_path, "ab") as log:
+                done = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=120, **self._user())
+        finally:
+            pwfile.unlink(missing_ok=True)
         if done.returncode != 0:
             raise RuntimeError(
                 f"initdb failed ({done.returncode}); its log, {self.log_path}:\n{_tail(self.log_path)}"
@@ -313,6 +341,7 @@ class PrivatePostgres(PrivateServer):
             self.proc = self._spawn(args, **self._user())
             try:
                 _wait(self._accepts, 60, f"postgres on port {self.port}", self.proc, self.log_path)
+                self._require_password()
                 return self
             except RuntimeError:
                 if self.proc.poll() is None or time.monotonic() > deadline:
@@ -339,12 +368,32 @@ class PrivatePostgres(PrivateServer):
         import psycopg
 
         try:
-            psycopg.connect(
-                host=HOST, port=self.port, user="postgres", dbname="postgres", connect_timeout=2
-            ).close()
+            psycopg.connect(self.url("postgres"), connect_timeout=2).close()
             return True
         except psycopg.OperationalError:
             return False
+
+    def _require_password(self) -> None:
+        """A cluster made before passwords (its pg_hba.conf trusts every local connection, as the demo's
+        kept .run/pgdata may): the superuser gets the password, and the server asks for it from now on."""
+        hba = self.data_dir / "pg_hba.conf"
+        lines = hba.read_text().splitlines()
+        if not any(line.split()[-1:] == ["trust"] for line in lines if not line.lstrip().startswith("#")):
+            return
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(self.password)))
+            secured = [
+                line[: line.rstrip().rfind("trust")] + "scram-sha-256"
+                if line.split()[-1:] == ["trust"] and not line.lstrip().startswith("#")
+                else line
+                for line in lines
+            ]
+            hba.write_text("\n".join(secured) + "\n")
+            conn.execute("SELECT pg_reload_conf()")
+        logger.info("the private postgres in %s now asks for its password", self.directory)
 
 
 class PrivateRedis(PrivateServer):
@@ -355,13 +404,22 @@ class PrivateRedis(PrivateServer):
         super().__init__("redis", directory, port)
         self.binary = redis_server_binary()
 
+    @property
+    def password(self) -> str:
+        return secret_in(self.directory / "redis.password")
+
     def url(self, db: int = 0) -> str:
-        return f"redis://{HOST}:{self.port}/{db}"
+        return f"redis://:{self.password}@{HOST}:{self.port}/{db}"
 
     def start(self) -> PrivateRedis:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self.port = self.port or free_port()
-        args = [str(self.binary), "--port", str(self.port), "--bind", HOST, "--daemonize", "no"]
+        # The password in a file of this user's (a command line is anyone's to read in /proc).
+        config = self.directory / "valkey.conf"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"requirepass {self.password}\n")
+        args = [str(self.binary), str(config), "--port", str(self.port), "--bind", HOST, "--daemonize", "no"]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
         self.proc = self._spawn(args)
         what = f"redis on port {self.port}"
@@ -424,7 +482,7 @@ def provide(directory: Path, *, durable: bool) -> Services:
             )
             services.servers.append(server)
             server.start()
-            services.env[variable] = url.format(host=HOST, port=server.port)
+            services.env[variable] = server.url()
             services.reasons.append(f"{service}: private, port {server.port}, files in {directory}")
     except BaseException:
         services.stop()
@@ -452,8 +510,10 @@ def run(command: list[str], directory: Path = RUN_DIR) -> int:
         for reason in services.reasons:
             logger.info("%s", reason)
         if services.env:
-            directory.mkdir(parents=True, exist_ok=True)
-            env_file.write_text("".join(f"{k}={v}\n" for k, v in services.env.items()))
+            private_dir(directory)
+            fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the URLs hold passwords
+            with os.fdopen(fd, "w") as handle:
+                handle.write("".join(f"{k}={v}\n" for k, v in services.env.items()))
         child = subprocess.Popen(
             command,
             env={**os.environ, **services.env},

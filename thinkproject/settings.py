@@ -5,7 +5,6 @@ on localhost and no model provider key (the scripted model is used then).
 """
 
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -48,19 +47,10 @@ def database_from_url(url: str) -> dict[str, Any]:
 def development_secret_key(path: Path) -> str:
     """The checkout's own random key for `make run` (DEBUG on): made once, readable by its owner only.
     A key in the repository would let anyone sign a token for any user of a demo reachable by others."""
-    if not path.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        draft = path.with_name(f"{path.name}.{os.getpid()}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(50) + "\n")
-        try:
-            os.link(draft, path)  # whole or not at all; a process starting beside this one keeps the first
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink()
-    return path.read_text().strip()
+    from thinkproject.rundir import private_dir, secret_in
+
+    private_dir(path.parent)
+    return secret_in(path, nbytes=50)
 
 
 # Off unless asked for: `make run` asks (DJANGO_DEBUG=1), a deployment does not. With DEBUG off, a public
