@@ -167,8 +167,15 @@ async def on_private_database(private_database: PrivateDatabase) -> AsyncIterato
     from django.db import connection
 
     settings_dict = connection.settings_dict
-    saved = {key: settings_dict[key] for key in ("HOST", "PORT", "NAME")}
-    settings_dict.update(HOST="127.0.0.1", PORT=str(private_database.server.port), NAME=private_database.name)
+    saved = {key: settings_dict[key] for key in ("HOST", "PORT", "NAME", "USER", "PASSWORD")}
+    server = private_database.server
+    settings_dict.update(
+        HOST="127.0.0.1",
+        PORT=str(server.port),
+        NAME=private_database.name,
+        USER="postgres",
+        PASSWORD=server.password,
+    )
     await sync_to_async(close_connection)()
     try:
         yield private_database
