@@ -23,6 +23,10 @@ DEFAULTS: dict[str, Any] = {
     # Models litellm's cost map does not know (a self-hosted or local model), as litellm.register_model
     # takes them: {"openai/my-model": {"litellm_provider": "openai", "mode": "chat"}}.
     "LITELLM_MODELS": {},
+    # When a worker imports litellm (about 3 s of CPU and 190 MB): "auto", in the background once it is
+    # ready, unless every agent's model is one chat.turn.plain_openai calls without it; True, in the
+    # background always; False, when a call first needs it (docs/deployment.md).
+    "PRELOAD_LITELLM": "auto",
     # A connection following a live stream that hears nothing of it for this long reads the store:
     # chunks the channel layer lost, and the end of a stream that ended (chat.wire.silence).
     "STREAM_SILENCE_MS": 2000,

@@ -11,6 +11,7 @@ from celery.signals import task_failure, worker_process_init, worker_ready, work
 
 from recovery import control, runtime
 
+from .conf import think_setting
 from .transcript.turns import RUN_TURN
 
 logger = logging.getLogger(__name__)
@@ -40,14 +41,51 @@ def hand_turns_to_recovery(**kwargs: object) -> None:
 @worker_ready.connect
 @worker_process_init.connect
 def preload_litellm(**kwargs: object) -> None:
-    """Pay litellm's import before the first turn, not during it; SIGUSR1 logs every running coroutine."""
+    """Import litellm in the background once the worker takes turns, if its agents' models need it
+    (THINK["PRELOAD_LITELLM"]); a turn that needs it sooner waits for the same import. SIGUSR1 logs every
+    running coroutine."""
     import signal
+    import threading
 
     from .turn.llm import load_litellm
 
-    load_litellm()
     with contextlib.suppress(ValueError):  # only possible from the main thread
         signal.signal(signal.SIGUSR1, lambda signum, frame: runtime.dump_tasks())
+    policy = think_setting("PRELOAD_LITELLM")
+    if policy is False or (policy == "auto" and not models_need_litellm()):
+        logger.info("litellm is not preloaded: every agent's model is called without it")
+        return
+    threading.Thread(target=load_litellm, name="think-preload-litellm", daemon=True).start()
+
+
+def models_need_litellm() -> bool:
+    """Whether a turn of some registered agent may call litellm: a model that chat.turn.plain_openai does
+    not call itself, or one an agent computes (get_model, completion_kwargs overridden), or the Responses
+    API (model_reattach)."""
+    from django.utils.module_loading import import_string
+
+    from .agents import Think
+    from .turn.plain_openai import kwargs_qualify
+
+    for path in (think_setting("AGENTS") or {}).values():
+        try:
+            cls = import_string(path)
+        except ImportError:
+            return True
+        if not (isinstance(cls, type) and issubclass(cls, Think)):
+            return True
+        if (
+            cls.get_model is not Think.get_model
+            or cls.completion_kwargs is not Think.completion_kwargs
+            or cls.model_reattach
+            or not cls.lean_model_read
+        ):
+            return True
+        model = cls.model if cls.model is not None else think_setting("MODEL")
+        kwargs = {"model": model} if isinstance(model, str) else model
+        if not (isinstance(kwargs, dict) and kwargs_qualify(kwargs)):
+            return True
+    return False
 
 
 @worker_ready.connect

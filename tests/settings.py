@@ -81,6 +81,11 @@ for _key in (
 for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S", "LIVENESS_POLL_MS"):
     if os.environ.get(f"THINK_TEST_{_key}"):
         THINK[_key] = float(os.environ[f"THINK_TEST_{_key}"])
+# A worker may be told when to import litellm (tests/e2e/test_recovery.py: a cold worker without it).
+if os.environ.get("THINK_TEST_PRELOAD_LITELLM"):
+    THINK["PRELOAD_LITELLM"] = {"0": False, "1": True}.get(
+        os.environ["THINK_TEST_PRELOAD_LITELLM"], os.environ["THINK_TEST_PRELOAD_LITELLM"]
+    )
 # A daphne of a test may send smaller frames (tests/e2e/test_long_conversation.py).
 if os.environ.get("THINK_TEST_MAX_SEND_BYTES"):
     THINK["MAX_SEND_BYTES"] = int(os.environ["THINK_TEST_MAX_SEND_BYTES"])

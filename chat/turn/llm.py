@@ -4,20 +4,24 @@ Two kinds of call: Chat Completions (`stream_chat`, every provider), and OpenAI'
 background mode (`stream_response`, for agents with `model_reattach`), whose generation the provider
 keeps and lets a client rejoin by response id after a given event (`Marked` events carry where the
 stored generation stands). litellm is imported lazily so that migrate, the admin and beat never pay for
-its import.
+its import, and a worker whose models need none of it (chat.turn.plain_openai) never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from ..conf import think_setting
 from ..exceptions import ReattachUnavailable, ResponseFailed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,12 @@ def load_litellm() -> Any:
     # Without it litellm fetches its cost map over the network at import. Set here, not when this module
     # is imported, so a host process that never calls a model keeps its environment as it was.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    first = "litellm" not in sys.modules
+    started = time.monotonic()
     import litellm
+
+    if first:
+        logger.info("litellm imported in %.1f s", time.monotonic() - started)
 
     if not getattr(litellm, "_think_configured", False):
         litellm.suppress_debug_info = True
@@ -104,7 +113,8 @@ def load_litellm() -> Any:
     return litellm
 
 
-async def _litellm() -> Any:
+async def ensure_litellm() -> Any:
+    """litellm, imported off the loop the first time (a chat.turn.plain_openai call needs none)."""
     # The first import takes seconds; on the loop it would starve every turn's heartbeat.
     if "litellm" in sys.modules:
         return load_litellm()
@@ -153,15 +163,18 @@ async def stream_chat(
     `lean`: read an OpenAI-compatible provider's stream with `chat.turn.openai_compat` (litellm still routes
     and builds the request, and maps its errors); any other provider streams through litellm.
     """
-    litellm = await _litellm()
     if lean:
-        from . import openai_compat
+        from . import openai_compat, plain_openai
 
-        request = openai_compat.lean_request(model, messages, **extra)
+        request = plain_openai.request(model, messages, **extra)  # no litellm needed for it
+        if request is None:
+            await ensure_litellm()
+            request = openai_compat.lean_request(model, messages, **extra)
         if request is not None:
             async for event in openai_compat.stream(request):
                 yield event
             return
+    litellm = await ensure_litellm()
     kwargs = {"num_retries": 0, **model, **extra}
     response = await litellm.acompletion(
         messages=messages, stream=True, stream_options={"include_usage": True}, **kwargs
@@ -178,7 +191,7 @@ async def stream_chat(
 
 async def complete_text(*, model: dict[str, Any], messages: list[dict[str, Any]], **extra: Any) -> str:
     """One non-streamed model call; its text (used to summarise a history)."""
-    litellm = await _litellm()
+    litellm = await ensure_litellm()
     response = await litellm.acompletion(messages=messages, **{"num_retries": 0, **model, **extra})
     return str(response.choices[0].message.content or "")
 
@@ -329,7 +342,7 @@ async def stream_response(
     """Stream one model step through the Responses API in background mode: a new generation, or (with
     `resume`) the rest of a stored one after `resume.sequence_number`. ReattachUnavailable when the
     provider no longer has it."""
-    litellm = await _litellm()
+    litellm = await ensure_litellm()
     kwargs = {"num_retries": 0, **model}
     translator = _ResponseEvents(resume.response_id if resume is not None else None)
     if resume is None:

@@ -28,7 +28,7 @@ from . import faults, llm, tracing
 from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
-from .pricing import step_cost
+from .pricing import needs_litellm, step_cost
 from .tools import Tool, ToolOutcome, Toolset, tool_execute
 
 if TYPE_CHECKING:
@@ -122,7 +122,10 @@ class ModelLoop:
                 usage = chunker.step_usage if chunker.step_usage is not earlier else None
                 self.output_tokens += usage.completion_tokens if usage is not None else 0
                 if usage is not None:
-                    cost = step_cost(self.agent.get_model_prices(), self.model, usage)
+                    prices = self.agent.get_model_prices()
+                    if needs_litellm(prices, self.model):
+                        await llm.ensure_litellm()
+                    cost = step_cost(prices, self.model, usage)
                     chunker.add_cost(cost)
                     if self.on_spend is not None:
                         await self.on_spend(number, usage, cost)

@@ -24,7 +24,16 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from .llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage, load_litellm
+from .llm import (
+    Event,
+    ReasoningDelta,
+    StepFinish,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    ensure_litellm,
+    load_litellm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -217,8 +226,17 @@ async def _session() -> AsyncGenerator[Any, None]:
         yield session
 
 
+class _Failure(Exception):
+    """A failed call, before litellm (loaded then, off the loop) turns it into its own exception."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None, headers: Any = None) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.status, self.headers = kind, message, status, headers
+
+
 async def stream(request: LeanRequest) -> AsyncGenerator[Event, None]:
-    """Stream one call; provider errors surface as the litellm exceptions litellm would raise."""
+    """Stream one call; provider errors surface as the litellm exceptions litellm would raise (for a call
+    chat.turn.plain_openai built, litellm is loaded then, off the loop)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=request.timeout, sock_connect=30)
@@ -235,7 +253,7 @@ async def stream(request: LeanRequest) -> AsyncGenerator[Event, None]:
             ) as response,
         ):
             if response.status != 200:
-                await _raise_status(request, response)
+                await _raise_status(response)
             finished = False
             async for line in response.content:
                 if not line.startswith(b"data:"):
@@ -243,28 +261,36 @@ async def stream(request: LeanRequest) -> AsyncGenerator[Event, None]:
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     return
-                for event in _events_of(request, payload):
+                for event in _events_of(payload):
                     finished = finished or type(event) is StepFinish
                     yield event
             if not finished:  # neither [DONE] nor a finish reason: the stream was cut short
-                raise _mid_stream(request, "the stream ended before its finish reason")
+                raise _mid_stream("the stream ended before its finish reason")
     except (aiohttp.ClientError, ConnectionError) as exc:
-        raise _litellm_error("APIConnectionError", request, f"{type(exc).__name__}: {exc}") from exc
+        failure = _Failure("APIConnectionError", f"{type(exc).__name__}: {exc}")
+        failure.__cause__ = exc
     except TimeoutError as exc:
-        raise _litellm_error("Timeout", request, "the provider did not answer in time") from exc
+        failure = _Failure("Timeout", "the provider did not answer in time")
+        failure.__cause__ = exc
+    except _Failure as raised:
+        failure = raised
+    else:
+        return
+    await ensure_litellm()  # one the plain route built did not load it (chat.turn.plain_openai)
+    _raise_as_litellm(request, failure)
 
 
-def _events_of(request: LeanRequest, payload: bytes) -> list[Event]:
+def _events_of(payload: bytes) -> list[Event]:
     try:
         data = json.loads(payload)
     except ValueError:
-        raise _mid_stream(request, f"a malformed event in the stream: {payload[:200]!r}") from None
+        raise _mid_stream(f"a malformed event in the stream: {payload[:200]!r}") from None
     if not isinstance(data, dict):
-        raise _mid_stream(request, f"an event that is not an object: {payload[:200]!r}")
+        raise _mid_stream(f"an event that is not an object: {payload[:200]!r}")
     if data.get("error") is not None:
         error = data["error"]
         message = error.get("message") if isinstance(error, dict) else error
-        raise _mid_stream(request, f"the provider reported an error mid-stream: {message}")
+        raise _mid_stream(f"the provider reported an error mid-stream: {message}")
     events: list[Event] = []
     for choice in data.get("choices") or ():
         delta = choice.get("delta") or {}
@@ -296,36 +322,39 @@ def _events_of(request: LeanRequest, payload: bytes) -> list[Event]:
     return events
 
 
-async def _raise_status(request: LeanRequest, response: Any) -> None:
-    """The exception litellm raises for this status and body (a context overflow, a rate limit, ...)."""
+async def _raise_status(response: Any) -> None:
+    body = (await response.content.read(MAX_ERROR_BODY)).decode(errors="replace")
+    raise _Failure("status", body, response.status, dict(response.headers))
+
+
+def _mid_stream(message: str) -> _Failure:
+    """A stream broken after it started: what litellm calls a MidStreamFallbackError (transient)."""
+    return _Failure("MidStreamFallbackError", message)
+
+
+def _raise_as_litellm(request: LeanRequest, failure: _Failure) -> None:
+    """Raise what litellm raises for this failure: for an HTTP status, what its own mapping gives (a context
+    overflow, a rate limit, ...), with the provider's error (and its Retry-After) in the chain."""
+    import litellm.exceptions
+
+    if failure.kind != "status":
+        error: Exception = getattr(litellm.exceptions, failure.kind)(
+            message=failure.message, llm_provider=request.provider, model=request.model
+        )
+        raise error from failure.__cause__
     import httpx
     from litellm.litellm_core_utils.exception_mapping_utils import exception_type
     from litellm.llms.openai.common_utils import OpenAIError
 
-    body = (await response.content.read(MAX_ERROR_BODY)).decode(errors="replace")
-    error = OpenAIError(
-        status_code=response.status, message=body, headers=httpx.Headers(dict(response.headers))
+    provider_error = OpenAIError(
+        status_code=failure.status or 500,
+        message=failure.message,
+        headers=httpx.Headers(failure.headers or {}),
     )
     try:
-        raise error
-    except OpenAIError as raised:  # the provider's error (and its Retry-After) stays the cause
+        raise provider_error from None
+    except OpenAIError as raised:
         mapped = exception_type(
             model=request.model, original_exception=raised, custom_llm_provider=request.provider
         )
         raise mapped from raised
-
-
-def _litellm_error(kind: str, request: LeanRequest, message: str) -> Exception:
-    import litellm
-
-    error: Exception = getattr(litellm, kind)(
-        message=message, llm_provider=request.provider, model=request.model
-    )
-    return error
-
-
-def _mid_stream(request: LeanRequest, message: str) -> Exception:
-    """A stream broken after it started: what litellm calls a MidStreamFallbackError (transient)."""
-    from litellm.exceptions import MidStreamFallbackError
-
-    return MidStreamFallbackError(message=message, model=request.model, llm_provider=request.provider)

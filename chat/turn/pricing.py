@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from . import plain_openai
 from .llm import Usage
 
 logger = logging.getLogger(__name__)
@@ -56,14 +57,24 @@ class ModelPrices:
         )
 
 
+def needs_litellm(prices: ModelPrices | None, model: str | None) -> bool:
+    """Whether step_cost must ask litellm's cost map (so it must be loaded first, off the loop)."""
+    return (
+        prices is None
+        and bool(model)
+        and not plain_openai.litellm_loaded()
+        and not plain_openai.unpriced_without_litellm(str(model))
+    )
+
+
 def step_cost(prices: ModelPrices | None, model: str | None, usage: Usage) -> Decimal | None:
     """The cost of one step's usage: by `prices` when the agent gives them, else litellm's cost map for
     `model`; None when neither knows it."""
     if prices is not None:
         return prices.cost(usage)
-    if not model:
+    if not model or (not plain_openai.litellm_loaded() and plain_openai.unpriced_without_litellm(model)):
         return None
-    import litellm
+    import litellm  # loaded by now where it takes time (needs_litellm)
 
     try:
         info = litellm.get_model_info(model)

@@ -95,6 +95,32 @@ async def test_sigkill_of_the_whole_worker_mid_stream_recovers_the_turn(recovery
     assert incidents == [("completed", 1)], "one incident, kept as the audit of a completed recovery"
 
 
+async def test_a_cold_worker_recovers_a_turn_without_importing_litellm(recovery_stack: Any) -> None:
+    """The only worker SIGKILLed, a new one started as a deployment starts it (an exec, not the suite's
+    fork server, which has litellm imported): it continues the turn without importing litellm (the
+    scripted model is an OpenAI-compatible server litellm passes requests through to: chat.turn.plain_openai),
+    and imports it only when an error needs litellm's mapping."""
+    cold = {"THINK_TEST_PRELOAD_LITELLM": "0"}
+    worker = recovery_stack.start_worker(env=cold, forked=False)
+    name = new_name("cold")
+    async with ChatClient(recovery_stack.port, name) as client:
+        request_id = await start_turn(client, "count to 40 [rate 25]")
+        log = await follow_conversation(client, until=chunks_of(request_id, 10), timeout=30)
+        worker.kill(signal.SIGKILL)
+        worker = await asyncio.to_thread(recovery_stack.start_worker, env=cold, forked=False)
+        await follow_conversation(client, log, timeout=60)
+        assert_clean_client_view(log, numbers(40))
+        assert "litellm is not preloaded" in worker.log()
+        assert "litellm imported" not in worker.log(), "the continuation needed no litellm"
+
+        failing = await start_turn(client, "count to 5 [fail after 0 with 401]")
+        failed = await follow_conversation(client, until=lambda lg: lg.stream(failing).done is not None)
+    done = failed.streams[failing].done
+    assert done is not None and done.get("error") and "rejected the request" in done["body"]
+    assert "litellm imported" in worker.log()
+    assert "AuthenticationError" in worker.log(), "litellm's own exception, mapped once it was imported"
+
+
 async def test_sigkill_of_the_prefork_pool_child_recovers_the_turn(recovery_stack: Any) -> None:
     # Two children: each imports litellm as it starts (chat.tasks.preload_litellm), and a pool of eight
     # took half a minute of this machine's two cores to start, and again to replace the killed ones.
