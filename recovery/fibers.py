@@ -416,6 +416,10 @@ def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
 # renewed since the mark, once the mark is LIVENESS_CONFIRM_MS old. A live process whose session dropped
 # takes its key back, and renews its leases on every flush tick meanwhile, inside that window. Neither
 # poll trusts a free key while the server is younger than the lease (after a restart nobody held one).
+# A fiber whose lease has not been renewed for SETTLED_DEATH (longer than both sightings would take, ten
+# flush ticks) and whose key is free is taken at its first sighting: its owner died before anyone was
+# watching, the case of a worker that starts after its predecessor died (a deploy, a crash with no other
+# worker up), which would otherwise wait two more polls for what its lease already says.
 _SUSPECT = """
 WITH candidates AS MATERIALIZED (
     SELECT id, lease_session FROM {fiber}
@@ -432,9 +436,11 @@ RETURNING f.id
 _ORPHANED = """
 WITH candidates AS MATERIALIZED (
     SELECT id, lease_session FROM {fiber}
-    WHERE status = 'running' AND lease_lost_at < now() - %(confirm)s AND heartbeat_at < lease_lost_at
+    WHERE status = 'running' AND lease_session IS NOT NULL
+        AND ((lease_lost_at < now() - %(confirm)s AND heartbeat_at < lease_lost_at)
+            OR heartbeat_at < now() - %(settled)s)
         AND pg_postmaster_start_time() < now() - %(settle)s
-    ORDER BY lease_lost_at LIMIT %(limit)s
+    ORDER BY COALESCE(lease_lost_at, heartbeat_at) LIMIT %(limit)s
 )
 UPDATE {fiber} AS f SET status = 'interrupted', fencing = f.fencing + 1, lease_owner = %(recovery)s,
     lease_expires_at = now() + %(handling)s
@@ -445,15 +451,18 @@ RETURNING f.id
 # A lease renewed this recently is a live owner's whatever its session says (a streaming turn renews
 # on every flush tick): such fibers are not even try-locked.
 FRESH_LEASE = timedelta(milliseconds=150)
+SETTLED_DEATH = timedelta(seconds=1)
 
 
 def fibers_take_orphaned(*, limit: int = 100) -> list[Any]:
     """Hand the running fibers of dead worker processes to the engine, as an expired lease would be,
     and mark the ones seen without their owner's session for the next poll; the ids taken over. Call
     inside a transaction (the locks it takes last until its end)."""
+    confirm = timedelta(milliseconds=float(setting("LIVENESS_CONFIRM_MS")))
     params: dict[str, Any] = {
         "fresh": FRESH_LEASE,
-        "confirm": timedelta(milliseconds=float(setting("LIVENESS_CONFIRM_MS"))),
+        "confirm": confirm,
+        "settled": max(SETTLED_DEATH, FRESH_LEASE + 2 * confirm),
         "settle": lease_ttl(),
         "limit": limit,
         "recovery": RECOVERY_OWNER,

@@ -180,8 +180,11 @@ async def _poll() -> None:
     seen: set[str] | None = None
     watch_until = 0.0
     loop = asyncio.get_running_loop()
+    first = await wait_held(5.0)  # the first look comes once the session is held: a new worker's first job
     while True:
-        await asyncio.sleep(float(setting("LIVENESS_POLL_MS")) / 1000)
+        if not first:
+            await asyncio.sleep(float(setting("LIVENESS_POLL_MS")) / 1000)
+        first = False
         if not held.is_set():
             continue  # a process without its own session is in no position to judge others'
         if not _judges():

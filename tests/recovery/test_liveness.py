@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from recovery import liveness
+from recovery import fibers, liveness
 from recovery.checks import check_recovery_deploy, check_recovery_settings
 from recovery.control import session_params
 from recovery.fibers import RECOVERY_OWNER, fiber_claim, fibers_take_orphaned
@@ -61,6 +61,13 @@ def owned_fiber(key: int | None, *, renewed_ago: timedelta = timedelta(seconds=5
 
 # A short confirmation, so that the second sighting comes soon (the default is 300 ms).
 CONFIRM = {**settings.THINK, "LIVENESS_CONFIRM_MS": 50}
+
+
+@pytest.fixture(autouse=True)
+def two_sightings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' fibers were last renewed seconds ago: to see the two sightings, no lease is old enough
+    to be taken at the first (the tests of that path set SETTLED_DEATH back)."""
+    monkeypatch.setattr(fibers, "SETTLED_DEATH", timedelta(hours=1))
 
 
 def poll() -> list[Any]:
@@ -115,6 +122,29 @@ def test_an_owner_that_takes_its_key_back_keeps_its_fiber() -> None:
     with session_holding(key):
         after_confirmation()
         assert poll() == []
+
+
+def test_an_owner_dead_before_anyone_looked_is_taken_at_the_first_sighting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that starts after its predecessor died (a deploy, a crash with no other worker) finds a
+    lease unrenewed for longer than both sightings would take: it takes the fiber at once."""
+    monkeypatch.setattr(fibers, "SETTLED_DEATH", timedelta(seconds=1))
+    key = new_key()
+    long_dead = owned_fiber(key, renewed_ago=timedelta(seconds=2))
+    owned_fiber(None, renewed_ago=timedelta(seconds=2))  # claimed without a session: left to its lease
+    with session_holding(key):
+        assert poll() == [], "never while the owner's session holds its key, however old the lease"
+    wait_until(lambda: not lock_held(key), 5, "the ended session's lock to be free")
+    with override_settings(THINK={**CONFIRM, "LEASE_TTL_S": 10**9}), transaction.atomic():
+        assert fibers_take_orphaned() == [], "nor right after Postgres started"
+    recent = owned_fiber(new_key(), renewed_ago=timedelta(milliseconds=400))
+    assert poll() == [long_dead.pk], "the long-dead owner's fiber, at the first sighting"
+    assert poll() == [], "one renewed under SETTLED_DEATH ago is only marked"
+    after_confirmation()
+    assert poll() == [recent.pk]
+    long_dead.refresh_from_db()
+    assert long_dead.status == Fiber.Status.INTERRUPTED and long_dead.lease_owner == RECOVERY_OWNER
 
 
 def test_a_fiber_claimed_without_a_session_is_left_to_its_lease() -> None:
