@@ -1,9 +1,10 @@
 """A worker's start: time to ready, a cold recovery, and what each process holds idle.
 
 - ready: from the `celery worker` exec to its " ready." line (a threads-pool worker, as `make run` starts);
-- cold recovery: the only worker is SIGKILLed mid-stream, a new one is started 1 s later, and the time is
-  taken from the SIGKILL to the first continued chunk at the client (what a deploy or a crash with no
-  second worker costs);
+- cold recovery: the only worker is SIGKILLed mid-stream, a new one is started 1 s later (as the
+  Procfile's worker loop restarts it), and the time is taken from the SIGKILL to the continuation's first
+  new words at the client (what a deploy or a crash with no second worker costs); the first chunk of the
+  continued stream, which comes before the model's first words, is printed per round too;
 - idle memory: the resident set of a ready worker, daphne and beat, each 3 s after it started.
 
     .venv/bin/python bench/worker_start.py --rounds 5
@@ -14,9 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from harness import ROOT, log_dir, progress, scripted_model_process, setup_django, summary  # type: ignore[import-not-found]
@@ -55,13 +59,19 @@ async def cold_recovery(port: int, env: dict[str, str], logs: Any, worker: Any) 
         def continued(lg: ConversationLog) -> bool:
             return any(r != request_id and lg.streams[r].chunks for r in lg.order)
 
+        def new_words(lg: ConversationLog) -> bool:
+            return any(r != request_id and lg.streams[r].text for r in lg.order)
+
         await follow_conversation(client, log, until=continued, timeout=120)
+        first_chunk = time.monotonic() - killed_at
+        await follow_conversation(client, log, until=new_words, timeout=120)
         latency = time.monotonic() - killed_at
+        progress(f"first continued chunk {first_chunk:.2f} s, first new words {latency:.2f} s")
         await follow_conversation(client, log, timeout=120)
     return latency, new_worker
 
 
-async def main(rounds: int) -> None:
+async def main(rounds: int, keep_logs: bool) -> None:
     from tests.support import start_beat, start_daphne
 
     setup_django()
@@ -91,9 +101,13 @@ async def main(rounds: int) -> None:
         finally:
             for proc in procs:
                 proc.stop()
+            if keep_logs:
+                kept = Path(tempfile.mkdtemp(prefix="worker-start-logs-"))
+                shutil.copytree(logs, kept, dirs_exist_ok=True)
+                print(f"logs: {kept}")
     print()
     print(f"ready (s): {summary(ready)}")
-    what = f"cold recovery, SIGKILL -> first continued chunk, new worker after {RESTART_AFTER_S} s"
+    what = f"cold recovery, SIGKILL -> the continuation's first words, new worker after {RESTART_AFTER_S} s"
     print(f"{what} (s): {summary(cold)}")
     print("idle resident memory (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
 
@@ -101,4 +115,8 @@ async def main(rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    asyncio.run(main(parser.parse_args().rounds))
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="print where a copy of the processes' logs is"
+    )
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.rounds, arguments.keep_logs))
