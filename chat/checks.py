@@ -57,6 +57,20 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         *_check_principal_limits(),
         *_check_access(),
         *_check_trusted_origins(),
+        *_check_preload(),
+    ]
+
+
+def _check_preload() -> list[CheckMessage]:
+    value = think_setting("PRELOAD_LITELLM")
+    if value == "auto" or value is True or value is False:
+        return []
+    return [
+        Error(
+            f"THINK['PRELOAD_LITELLM'] must be \"auto\", True or False, got {value!r}.",
+            hint="docs/operations.md, 'Start and litellm'.",
+            id="think_chat.E028",
+        )
     ]
 
 

@@ -358,3 +358,16 @@ def test_a_worker_preloads_litellm_when_some_agent_may_need_it(
     think = {"AGENTS": agents, "MODEL": kwargs, "LITELLM_MODELS": LITELLM_MODELS}
     with override_settings(THINK=think):
         assert models_need_litellm() is needs
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None, "AUTO"])
+def test_an_unknown_preload_policy_fails_the_checks(value: Any) -> None:
+    from django.conf import settings
+
+    from chat.checks import check_think_settings
+
+    with override_settings(THINK={**settings.THINK, "PRELOAD_LITELLM": value}):
+        assert "think_chat.E028" in [m.id for m in check_think_settings()]
+    for good in ("auto", True, False):
+        with override_settings(THINK={**settings.THINK, "PRELOAD_LITELLM": good}):
+            assert "think_chat.E028" not in [m.id for m in check_think_settings()]
