@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..conf import think_setting
+from .openai_compat import _LITELLM_ONLY, LeanRequest
 
 PREFIX = "openai/"
 # OpenAI chat parameters litellm's unknown-model config sends unchanged (None values are left out, as
@@ -52,8 +53,8 @@ PARAMS = frozenset(
         "response_format",
     }
 )
-# litellm's own keyword arguments (they shape the call, not the body) that this route understands.
-CALL_KEYS = frozenset({"model", "api_base", "base_url", "api_key", "timeout", "extra_headers", "num_retries"})
+# litellm's own keyword arguments (they shape the call, not the body): the lean read's list.
+CALL_KEYS = _LITELLM_ONLY
 # Names litellm's OpenAI configs treat specially (o-series, GPT-5, audio, search, fine-tunes...), whether
 # or not the bundled map lists them: a proxy alias with such a name goes through litellm.
 OPENAI_LIKE = re.compile(
@@ -120,11 +121,9 @@ def _messages_qualify(messages: list[Any]) -> bool:
     )
 
 
-def request(model: dict[str, Any], messages: list[Any], **extra: Any) -> Any:
-    """The streamed request litellm would send (an openai_compat.LeanRequest), built without litellm; None
+def request(model: dict[str, Any], messages: list[Any], **extra: Any) -> LeanRequest | None:
+    """The streamed request litellm would send, built without litellm; None
     when litellm is loaded or this call does not qualify."""
-    from .openai_compat import LeanRequest
-
     kwargs = {**model, **extra}
     if litellm_loaded() or not kwargs_qualify(kwargs) or not _messages_qualify(messages):
         return None
