@@ -1,13 +1,17 @@
-"""The demo's URLs, plus the React hook app (tests/js/hook, built by tests/e2e/react_hook.py) served
-from the same origin, as a site serves its own front end."""
+"""The demo's URLs, plus the React apps (tests/js/hook and tests/js/usechat, built by
+tests/e2e/react_hook.py) served from the same origin, as a site serves its own front end. The useChat
+app's page sets Django's CSRF cookie (`ensure_csrf_cookie`), as the view of a site's chat page would:
+its POSTs send the token back."""
 
 from django.urls import re_path
+from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.static import serve
 
-from tests.hook_paths import HOOK_DIST
+from tests.hook_paths import HOOK_DIST, USECHAT_DIST
 from thinkproject.urls import urlpatterns as demo_urlpatterns
 
 urlpatterns = [
     re_path(r"^__hook__/(?P<path>.*)$", serve, {"document_root": HOOK_DIST}),
+    re_path(r"^__usechat__/(?P<path>.*)$", ensure_csrf_cookie(serve), {"document_root": USECHAT_DIST}),
     *demo_urlpatterns,
 ]

@@ -94,6 +94,21 @@ async def publish(conversation_id: int, frame: str, *, exclude: list[str] | None
     await group_send(conversation_id, {"type": BROADCAST, "frame": frame, "exclude": exclude or []})
 
 
+async def announce_accepted(
+    conversation_id: int, superseded: tuple[str, ...], *, exclude: list[str] | None = None
+) -> None:
+    """After a turn was accepted: the senders of the turns it replaced stop waiting, and every client
+    of the conversation but `exclude` gets the transcript with the new messages."""
+    from ..transcript.window import transcript_frame
+    from .protocol import response_frame
+
+    for request_id in superseded:
+        await publish(conversation_id, response_frame(request_id, done=True, outcome="skipped"))
+    await publish(
+        conversation_id, await db(transcript_frame, conversation_id=conversation_id), exclude=exclude
+    )
+
+
 def publish_sync(conversation_id: int, frame: str, *, exclude: list[str] | None = None) -> None:
     async_to_sync(publish)(conversation_id, frame, exclude=exclude)
 

@@ -43,7 +43,7 @@ from ..turn.branching import aswitch_branch
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
-from .broadcast import group_name, publish_sync, release_parked
+from .broadcast import announce_accepted, group_name, publish_sync, release_parked
 from .limits import (
     SOCKET_RENEW_S,
     frame_bucket,
@@ -264,12 +264,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(await database_sync_to_async(_transcript)(self.conversation_id))
             await self.send(p.response_frame(frame.id, done=True, outcome="skipped"))
             return
-        for request_id in accepted.superseded:  # whoever sent them stops waiting
-            await self._group_broadcast(
-                p.response_frame(request_id, done=True, outcome="skipped"), exclude=[]
-            )
-        transcript = await database_sync_to_async(_transcript)(self.conversation_id)
-        await self._group_broadcast(transcript, exclude=[self.channel_name])
+        await announce_accepted(self.conversation_id, accepted.superseded, exclude=[self.channel_name])
         if accepted.ahead:  # it runs after the turns before it
             await self._tell_queued(p.chat_queued_frame(frame.id, p.QUEUED_BEHIND_TURNS, accepted.ahead))
         else:

@@ -308,6 +308,23 @@ def _parse_chat_request(data: dict[str, Any], limits: Limits) -> ChatRequest:
     body = _loads(raw_body, "'init.body' is not valid JSON")
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise ProtocolError("'init.body' must be an object with a 'messages' array")
+    return chat_request(request_id, body, limits)
+
+
+def parse_chat_body(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """The JSON body of an HTTP chat request (chat.wire.http): an object with a `messages` array, under
+    the frame limits a WebSocket chat request meets. Its checks come with `chat_request`."""
+    size = utf8_length(text, limits.max_frame_bytes)
+    if size > limits.max_frame_bytes:
+        raise LimitExceeded(f"request body is larger than {limits.max_frame_bytes} bytes")
+    body = _loads(text, "request body is not JSON")
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise ProtocolError("request body must be a JSON object with a 'messages' array")
+    return body
+
+
+def chat_request(request_id: str, body: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> ChatRequest:
+    """A chat request from its body, as the WebSocket's `init.body` or an HTTP POST carries it."""
     check_storable(body)
     messages = [validate_ui_message(m) for m in body["messages"]]
     trigger = body.get("trigger", "submit-message")

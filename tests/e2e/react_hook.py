@@ -1,6 +1,7 @@
-"""The published React hook in Chromium: tests/js/hook/app.jsx, built with esbuild from the locked
-packages (tests/js) and served by the test server itself at /__hook__/ (tests/urls.py), so the
-socket and get-messages carry the visitor's session cookie as in any site that serves its own app.
+"""The published React hook in Chromium: tests/js/hook/app.jsx (and the useChat app, tests/js/usechat),
+built with esbuild from the locked packages (tests/js) and served by the test server itself at
+/__hook__/ and /__usechat__/ (tests/urls.py), so the socket, the HTTP requests and get-messages carry
+the visitor's session cookie as in any site that serves its own app.
 
 What a person sees is read from the page (`screen`); what the hook holds, from `window.hook`; what the
 server stored, from Postgres. The tests ask that all three agree.
@@ -18,22 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.js_client import JS_DIR, node_with_packages
-from tests.hook_paths import HOOK_DIST
-
-HOOK_DIR = JS_DIR / "hook"
+from tests.hook_paths import HOOK_DIST, USECHAT_DIST
 
 
 @functools.cache
-def build_bundle() -> Path:
-    """Bundle the app into HOOK_DIST (a fraction of a second); fails, never skips, when it breaks."""
+def build_bundle(app: str = "hook") -> Path:
+    """Bundle tests/js/<app>/app.jsx into its dist (a fraction of a second); fails, never skips, when it
+    breaks. `app`: "hook" (the agents hook) or "usechat" (the AI SDK's useChat over HTTP)."""
     node_with_packages()
     esbuild = JS_DIR / "node_modules" / ".bin" / "esbuild"
-    HOOK_DIST.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=HOOK_DIST.parent) as scratch:
+    source, dist = JS_DIR / app, {"hook": HOOK_DIST, "usechat": USECHAT_DIST}[app]
+    dist.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dist.parent) as scratch:
         result = subprocess.run(
             [
                 str(esbuild),
-                str(HOOK_DIR / "app.jsx"),
+                str(source / "app.jsx"),
                 "--bundle",
                 "--format=iife",
                 "--platform=browser",
@@ -48,10 +49,10 @@ def build_bundle() -> Path:
             timeout=120,
         )
         assert result.returncode == 0, f"esbuild failed:\n{result.stdout}\n{result.stderr}"
-        (Path(scratch) / "index.html").write_text((HOOK_DIR / "index.html").read_text())
+        (Path(scratch) / "index.html").write_text((source / "index.html").read_text())
         for name in ("app.js", "index.html"):  # whole files only, even with another run beside this one
-            os.replace(Path(scratch) / name, HOOK_DIST / name)
-    return HOOK_DIST
+            os.replace(Path(scratch) / name, dist / name)
+    return dist
 
 
 def new_tab(context: Any, port: int, agent: str, name: str) -> Any:
@@ -151,3 +152,27 @@ def settle(check: Any, timeout: float = 10, interval: float = 0.1) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(interval)
+
+
+def stored(name: str, agent: str = "assistant") -> list[dict[str, Any]]:
+    """The conversation's stored transcript (empty when it does not exist)."""
+    from chat.transcript.selectors import conversation_get, messages_list
+
+    conversation = conversation_get(agent=agent, name=name)
+    return [] if conversation is None else messages_list(conversation_id=conversation.pk)
+
+
+def watch_one_answer(page: Any, expected: str, timeout: float = 90, *, state: str = "null") -> None:
+    """Poll the live screen until it shows `expected`: never a second copy, never a gap. `state`, a JS
+    expression, says what the app holds when it does not finish (in the failure's message)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = [m for m in screen(page) if m["role"] == "assistant"]
+        assert len(shown) <= 1, f"the answer shows more than once: {shown}"
+        text = shown[0]["text"] if shown else ""
+        assert expected.startswith(text), f"the screen is not a prefix of the answer: {text[-80:]!r}"
+        if text == expected:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the answer did not finish: {text[-80:]!r}; {page.evaluate(state)}")
+        time.sleep(0.05)

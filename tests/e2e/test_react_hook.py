@@ -24,8 +24,10 @@ from tests.e2e.react_hook import (
     rendered,
     screen,
     settle,
+    stored,
     wait_idle,
     wait_text,
+    watch_one_answer,
 )
 from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
 from tests.support import numbers
@@ -49,13 +51,6 @@ def context(browser: Any) -> Iterator[Any]:  # noqa: F811
 
 def new_name(tag: str) -> str:
     return f"hook-{tag}-{uuid.uuid4().hex[:8]}"
-
-
-def stored(name: str) -> list[dict[str, Any]]:
-    from chat.transcript.selectors import conversation_get, messages_list
-
-    conversation = conversation_get(agent=AGENT, name=name)
-    return [] if conversation is None else messages_list(conversation_id=conversation.pk)
 
 
 def assert_agree(page: Any, name: str) -> list[dict[str, Any]]:
@@ -143,20 +138,6 @@ def test_a_worker_killed_mid_stream_leaves_one_answer_on_the_live_screen(
     transcript = finished(page, name)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     assert answer_text(transcript[1]) == expected
-
-
-def watch_one_answer(page: Any, expected: str, timeout: float = 90) -> None:
-    """Poll the live screen until it shows `expected`: never a second copy, never a gap."""
-    deadline = time.monotonic() + timeout
-    while True:
-        shown = [m for m in screen(page) if m["role"] == "assistant"]
-        assert len(shown) <= 1, f"the answer shows more than once: {shown}"
-        text = shown[0]["text"] if shown else ""
-        assert expected.startswith(text), f"the screen is not a prefix of the answer: {text[-80:]!r}"
-        if text == expected:
-            return
-        assert time.monotonic() < deadline, f"the answer did not finish: {text[-80:]!r}"
-        time.sleep(0.05)
 
 
 def test_a_reload_during_a_recovered_continuation_shows_the_answer_once(

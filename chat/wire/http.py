@@ -1,0 +1,405 @@
+"""The AI SDK's HTTP chat wire (`useChat` with `DefaultChatTransport`), on the same durable turns.
+
+- `POST <mount>/ai/<agent>`: the body `{id, messages, trigger, messageId?, ...}` (the chat id is the
+  conversation's name) is accepted as a WebSocket chat request is (chat.transcript.turns.turn_accept:
+  the same limits, queue policy and fencing); the answer is a server-sent-events stream of UI message
+  chunks that follows the turn until it has really ended, across the recoveries that continue it.
+- `GET <mount>/ai/<agent>/<chatId>/stream`: 204 when no turn is active; otherwise the active turn's
+  answer from its `start`, then live.
+- `POST <mount>/ai/<agent>/<chatId>/stop`: stops the conversation's turns (chat.turn.stop); aborting
+  the fetch alone is a disconnect, which never stops a durable turn.
+
+The web process holds the response and tails the turn (chat.wire.chain): the chunks are read from
+Postgres and followed live through the conversation's group, so a worker that dies mid-answer does not
+end the response, and a web process that dies is rejoined by the GET. `data: [DONE]` is sent only
+when the turn has ended (finished, stopped, or failed); a response cut by a failure never says it.
+
+Access is the WebSocket's (chat.access): `Authorization: Bearer <token>`, or the session cookie, and
+then Django's CSRF check for the POSTs. A response holds one of the principal's socket slots while it
+is open, a GET counts as a replay (PRINCIPAL_REPLAYS_PER_MINUTE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from ..access import Credentials, access_policy, conversation_open_as, conversation_read
+from ..agents import agent_class, conversation_name_problem
+from ..conf import frame_limits
+from ..exceptions import AccessDenied, ConversationLimit, UnknownAgent
+from ..models import Conversation
+from ..transcript.turns import turn_accept
+from ..turn.stop import astop_conversation
+from . import protocol as p
+from . import silence
+from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, announce_accepted, group_name
+from .chain import ChainRead, Cursor, chain_read, is_start, rejoin_root
+from .limits import SOCKET_RENEW_S, replay_refusal, socket_slot_release, socket_slot_renew, socket_slot_take
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "x-vercel-ai-ui-message-stream": "v1",
+    "X-Accel-Buffering": "no",
+}
+PING_S = 15.0  # a comment line after this long without a chunk keeps proxies from closing the response
+# Group events a response holds while it sends; past this many it drops them and reads the store.
+EVENT_BACKLOG = 256
+DONE = b"data: [DONE]\n\n"
+
+
+def _refused(status: int, text: str) -> HttpResponse:
+    """An error the AI SDK shows as it is: `createUIApiCallError` takes the body's text."""
+    return HttpResponse(text, status=status, content_type="text/plain; charset=utf-8")
+
+
+class _Door:
+    """Who asks, checked as the WebSocket's connect checks it."""
+
+    def __init__(self, request: HttpRequest, agent: str) -> None:
+        self.request, self.agent = request, agent
+        self.credentials = Credentials.from_request(request)
+        client = request.META.get("REMOTE_ADDR")
+        self.address: str | None = str(client) if client else None
+        self.principal = ""
+
+    def check(self, name: str, *, write: bool) -> HttpResponse | None:
+        """None when `name` may be used; otherwise the refusal to answer. Runs in a thread (the ORM)."""
+        try:
+            agent_class(self.agent)
+        except UnknownAgent:
+            return _refused(404, f"unknown agent {self.agent!r}")
+        problem = conversation_name_problem(name)
+        if problem is not None:
+            return _refused(400, problem)
+        if write and self.credentials.token is None:  # a cookie's request: Django's CSRF check
+            refusal = CsrfViewMiddleware(_unused).process_view(self.request, _unused, (), {})
+            if refusal is not None:
+                return _refused(403, "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken")
+        try:
+            self.principal = access_policy().principal(self.credentials)
+        except AccessDenied as exc:
+            return _refused(403, str(exc))
+        return None
+
+
+def _unused(request: HttpRequest) -> HttpResponse:  # the CSRF check's callback: never called
+    raise AssertionError("not a view")
+
+
+def request_id_for(body: dict[str, Any]) -> str:
+    """The request id of a POST. A new user message names its turn: the same message sent again (a
+    retry after a network blip, a double click) is the same request, which turn_accept answers with
+    the turn it started. An edit (same id, other parts) is another request; so is a regenerate."""
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else None
+    if body.get("trigger", "submit-message") == "submit-message" and isinstance(last, dict):
+        if last.get("role") == "user" and isinstance(last.get("id"), str):
+            digest = hashlib.sha256(
+                json.dumps([last["id"], last.get("parts")], sort_keys=True).encode()
+            ).hexdigest()
+            return f"http-{digest[:40]}"
+    return f"http-{uuid.uuid4()}"
+
+
+@csrf_exempt
+@require_POST
+async def send(request: HttpRequest, agent: str) -> HttpResponseBase:
+    limits = frame_limits()
+    length = request.META.get("CONTENT_LENGTH") or ""
+    if length.isdigit() and int(length) > limits.max_frame_bytes:
+        return _refused(413, f"request body is larger than {limits.max_frame_bytes} bytes")
+    try:
+        body = p.parse_chat_body(request.body, limits)
+    except p.LimitExceeded as exc:
+        return _refused(413, str(exc))
+    except p.ProtocolError as exc:
+        return _refused(400, f"Invalid chat request: {exc}")
+    name = body.get("id")
+    if not isinstance(name, str):
+        return _refused(400, "Invalid chat request: 'id' (the chat id) must be a string")
+    door = _Door(request, agent)
+    refusal = await database_sync_to_async(door.check)(name, write=True)
+    if refusal is not None:
+        return refusal
+    last = body["messages"][-1] if body["messages"] else None
+    if isinstance(last, dict) and last.get("role") == "assistant":
+        return _refused(
+            422, "Tool outputs and approvals are not taken over HTTP yet: answer them over the WebSocket"
+        )
+    try:
+        chat = p.chat_request(request_id_for(body), body, limits)
+        conversation = await database_sync_to_async(conversation_open_as)(
+            agent=agent, name=name, principal=door.principal, policy=access_policy(), address=door.address
+        )
+    except p.ProtocolError as exc:
+        return _refused(400, f"Invalid chat request: {exc}")
+    except ConversationLimit as exc:
+        return _refused(429, str(exc))
+    except AccessDenied as exc:
+        return _refused(403, str(exc))
+    slot = await _take_slot(door)
+    if isinstance(slot, HttpResponse):
+        return slot
+    policy = agent_class(agent)
+    try:
+        accepted = await database_sync_to_async(turn_accept)(
+            conversation_id=conversation.pk,
+            request=chat,
+            policy=policy.message_concurrency,
+            client_history=policy.accept_client_history,
+            address=door.address,
+        )
+    except BaseException:
+        await _release_slot(slot)
+        raise
+    if accepted.refused or accepted.dropped:
+        await _release_slot(slot)
+        if accepted.refused:
+            logger.warning(
+                "chat request refused: %s", accepted.refused, extra={"conversation_id": conversation.pk}
+            )
+            return _refused(429, f"Chat request refused: {accepted.refused}")
+        return _refused(409, "Chat request refused: the conversation is busy with another turn")
+    if not accepted.duplicate:
+        await announce_accepted(conversation.pk, accepted.superseded)
+    tail = ChainTail(conversation.pk, chat.id, slot)
+    return _sse(tail.events())
+
+
+@require_GET
+async def rejoin(request: HttpRequest, agent: str, name: str) -> HttpResponseBase:
+    found = await _existing(request, agent, name, write=False)
+    if isinstance(found, HttpResponse):
+        return found
+    door, conversation = found
+    if conversation is None:
+        return HttpResponse(status=204)
+    root = await database_sync_to_async(rejoin_root, thread_sensitive=False)(conversation_id=conversation.pk)
+    if root is None:
+        return HttpResponse(status=204)
+    refused = await sync_to_async(replay_refusal, thread_sensitive=False)(door.principal)
+    if refused:
+        return _refused(429, f"Resume refused: {refused}")
+    slot = await _take_slot(door)
+    if isinstance(slot, HttpResponse):
+        return slot
+    return _sse(ChainTail(conversation.pk, root, slot).events())
+
+
+@csrf_exempt
+@require_POST
+async def stop(request: HttpRequest, agent: str, name: str) -> HttpResponse:
+    found = await _existing(request, agent, name, write=True)
+    if isinstance(found, HttpResponse):
+        return found
+    _, conversation = found
+    if conversation is None:
+        return JsonResponse({"stopped": False})
+    report = await astop_conversation(conversation.pk)
+    return JsonResponse({"stopped": report.stopped_anything, **report.as_dict()})
+
+
+async def _existing(
+    request: HttpRequest, agent: str, name: str, *, write: bool
+) -> tuple[_Door, Conversation | None] | HttpResponse:
+    """The asker and the conversation, if it exists and the asker may use it; else the refusal."""
+    door = _Door(request, agent)
+    refusal = await database_sync_to_async(door.check)(name, write=write)
+    if refusal is not None:
+        return refusal
+    try:
+        conversation = await database_sync_to_async(conversation_read)(
+            agent=agent, name=name, credentials=door.credentials
+        )
+    except AccessDenied as exc:
+        return _refused(403, str(exc))
+    return door, conversation
+
+
+def _sse(events: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    return StreamingHttpResponse(events, content_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _take_slot(door: _Door) -> dict[str, Any] | HttpResponse:
+    """A place among the principal's open sockets, as a WebSocket takes one; 429 when there is none."""
+    slot: dict[str, Any] = {
+        "principal": door.principal,
+        "address": door.address,
+        "socket": f"http.{uuid.uuid4()}",
+    }
+    refused = await sync_to_async(socket_slot_take, thread_sensitive=False)(**slot)
+    if refused:
+        logger.warning("HTTP chat response refused: %s", refused)
+        return _refused(429, refused)
+    return slot
+
+
+async def _release_slot(slot: dict[str, Any]) -> None:
+    await sync_to_async(socket_slot_release, thread_sensitive=False)(**slot)
+
+
+def _event(body: str) -> bytes:
+    return b"data: " + body.encode() + b"\n\n"
+
+
+class ChainTail:
+    """One response's view of a turn: the chunks of its chain from the store, then live from the
+    conversation's group, each sent once and in order; a gap, a new stream of the chain, an end, or a
+    silence is read from the store (chat.wire.chain)."""
+
+    def __init__(self, conversation_id: int, root_request_id: str, slot: dict[str, Any]) -> None:
+        self.conversation_id = conversation_id
+        self.root = root_request_id
+        self.slot = slot
+        self.cursor = Cursor()
+        self.streams: dict[str, Any] = {}  # the chain's request ids -> stream ids, as last read
+        self.foreign: set[str] = set()  # request ids of other turns' streams
+        self.sent_any = False
+        self.finished = False  # a finish chunk went out
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(EVENT_BACKLOG)
+        self.dropped = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        layer = get_channel_layer()
+        assert layer is not None, "CHANNEL_LAYERS is not configured"
+        channel = await layer.new_channel()
+        group = group_name(self.conversation_id)
+        # Joined before the first read of the store: nothing published after that read is missed.
+        await layer.group_add(group, channel)
+        tasks = [asyncio.create_task(self._pump(layer, channel)), asyncio.create_task(self._renew())]
+        try:
+            async for piece in self._follow():
+                yield piece
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await layer.group_discard(group, channel)
+            with contextlib.suppress(Exception):
+                await _release_slot(self.slot)
+
+    async def _pump(self, layer: Any, channel: str) -> None:
+        """The group's events into the response's queue; never cancelled mid-receive but at the end
+        (the pub/sub layer unsubscribes a channel whose receive is cancelled)."""
+        while True:
+            event = await layer.receive(channel)
+            try:
+                self.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                self.dropped = True  # the store has it: the next read fills it
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(SOCKET_RENEW_S)
+            await sync_to_async(socket_slot_renew, thread_sensitive=False)(**self.slot)
+
+    async def _follow(self) -> AsyncIterator[bytes]:
+        read: ChainRead | None = await self._read()
+        wait = silence.silence_wait()
+        last_out = time.monotonic()
+        while True:
+            if read is not None:
+                out = self._take(read)
+                if read.outcome is not None:
+                    yield out + self._ending(read)
+                    return
+                if out:
+                    yield out
+                    last_out = time.monotonic()
+                    wait = silence.silence_wait()
+                if read.more:
+                    read = await self._read()
+                    continue
+            read = None
+            try:
+                async with asyncio.timeout(min(wait, PING_S)):
+                    event = await self.queue.get()
+            except TimeoutError:
+                read = await self._read()
+                if not read.bodies:
+                    wait = min(wait * 2, silence.silence_wait() * 4)
+                if time.monotonic() - last_out >= PING_S and read.outcome is None and not read.bodies:
+                    yield b": ping\n\n"
+                    last_out = time.monotonic()
+                continue
+            live = self._live(event)
+            if live is None or self.dropped:
+                self.dropped = False
+                read = await self._read()
+            elif live:
+                yield live
+                last_out = time.monotonic()
+                wait = silence.silence_wait()
+
+    async def _read(self) -> ChainRead:
+        return await database_sync_to_async(chain_read, thread_sensitive=False)(
+            conversation_id=self.conversation_id, root_request_id=self.root, cursor=self.cursor
+        )
+
+    def _take(self, read: ChainRead) -> bytes:
+        self.cursor, self.streams = read.cursor, read.streams
+        self.foreign -= set(read.streams)
+        return self._out(read.bodies)
+
+    def _out(self, bodies: list[str]) -> bytes:
+        if bodies:
+            self.sent_any = True
+            self.finished = self.finished or any(b.startswith('{"type":"finish"') for b in bodies[-2:])
+        return b"".join(_event(body) for body in bodies)
+
+    def _live(self, event: dict[str, Any]) -> bytes | None:
+        """The bytes a group event adds (b"" for none); None when the store must be read instead."""
+        kind, request_id = event.get("type"), str(event.get("request_id"))
+        if kind not in (FRAMES, STREAM_STARTED, STREAM_END) or request_id in self.foreign:
+            return b""
+        stream_id = self.streams.get(request_id)
+        if kind != FRAMES or stream_id is None or stream_id != self.cursor.stream_id:
+            if request_id not in self.streams and kind == FRAMES:
+                self.foreign.add(request_id)  # until a read finds it is the chain's
+            return None
+        frames = [(seq, text) for seq, text in event["frames"] if seq > self.cursor.seq]
+        if not frames:
+            return b""
+        if frames[0][0] != self.cursor.seq + 1:
+            return None  # a gap: the layer dropped frames
+        first_stream = next(iter(self.streams.values()), None) == stream_id
+        bodies = []
+        for seq, text in frames:
+            body = json.loads(text)["body"]
+            if first_stream or not is_start(seq, body):
+                bodies.append(body)
+        self.cursor = Cursor(stream_id, frames[-1][0])
+        return self._out(bodies)
+
+    def _ending(self, read: ChainRead) -> bytes:
+        """The close of the answer once its chain has ended, then [DONE]."""
+        outcome = read.outcome
+        if outcome == "error":
+            end = [p.dumps({"type": "error", "errorText": read.error})]
+        elif self.finished:
+            end = []
+        elif outcome == "completed":
+            end = [p.dumps({"type": "finish"})]
+        elif self.sent_any:  # stopped ("aborted"), or replaced before it could answer ("skipped")
+            end = [p.dumps({"type": "abort", "reason": outcome})]
+        else:
+            end = []
+        return self._out(end) + DONE

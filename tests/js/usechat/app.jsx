@@ -1,0 +1,145 @@
+// A small chat app built the way most AI SDK users build theirs: the PUBLISHED `useChat` from
+// @ai-sdk/react with ai@7's own DefaultChatTransport over plain HTTP, `resume: true`, React 19,
+// bundled locally by esbuild (tests/e2e/test_usechat.py builds and serves it; no CDN).
+//
+// The page is opened at /__usechat__/index.html#agent=<kebab name>&name=<chat id> on the server's own
+// origin, so the requests carry the session cookie, and the POSTs send Django's CSRF token. It loads
+// the stored transcript (get-messages), renders useChat's messages into #messages (what a person sees)
+// and exposes the chat's state and actions on window.chat for the test.
+
+import { useEffect, useRef, useState } from "react";
+import { createRoot } from "react-dom/client";
+import { useChat } from "@ai-sdk/react";
+import { DefaultChatTransport } from "ai";
+
+const params = new URLSearchParams(window.location.hash.slice(1));
+const AGENT = params.get("agent") || "assistant";
+const NAME = params.get("name") || "usechat";
+
+function csrfToken() {
+  const found = document.cookie.split("; ").find((c) => c.startsWith("csrftoken="));
+  return found ? decodeURIComponent(found.slice("csrftoken=".length)) : "";
+}
+
+const transport = new DefaultChatTransport({
+  api: `/ai/${AGENT}`,
+  headers: () => ({ "X-CSRFToken": csrfToken() }),
+});
+
+function partText(part) {
+  if (part.type === "text" || part.type === "reasoning") return part.text;
+  if (part.type === "step-start") return "";
+  if (part.type.startsWith("tool-") || part.type === "dynamic-tool") {
+    const name = part.type === "dynamic-tool" ? part.toolName : part.type.slice(5);
+    const output = part.output === undefined ? "" : ` ${JSON.stringify(part.output)}`;
+    return `[${name} ${part.state}${output}]`;
+  }
+  return `[${part.type}]`;
+}
+
+function Message({ message }) {
+  return (
+    <div className="message" data-role={message.role} data-id={message.id}>
+      {message.parts.map((part, i) => (
+        <span key={i} className="part" data-type={part.type} data-state={part.state || ""}>
+          {partText(part)}
+        </span>
+      ))}
+    </div>
+  );
+}
+
+function Chat({ initial }) {
+  const errors = useRef([]);
+  const finishes = useRef([]);
+  const chatRef = useRef(null);
+  const retry = useRef(null);
+  // A cut response (the web process died, the network dropped) is rejoined with resumeStream(), as
+  // the AI SDK documents; while the server cannot be reached, the rejoin is tried again.
+  const rejoinLater = () => {
+    clearTimeout(retry.current);
+    retry.current = setTimeout(() => chatRef.current && chatRef.current.resumeStream(), 500);
+  };
+  const chat = useChat({
+    id: NAME,
+    messages: initial,
+    transport,
+    resume: true,
+    onError: (error) => {
+      const text = String(error && error.message ? error.message : error);
+      errors.current.push(text);
+      if (/network|failed to fetch|load failed/i.test(text)) rejoinLater();
+    },
+    onFinish: (event) => {
+      finishes.current.push({
+        isAbort: event.isAbort,
+        isDisconnect: event.isDisconnect,
+        isError: event.isError,
+        finishReason: event.finishReason || null,
+      });
+    },
+  });
+  chatRef.current = chat;
+  const [text, setText] = useState("");
+  const stop = async () => {
+    // A durable turn is stopped by the server: aborting the fetch alone is only a disconnect.
+    await fetch(`/ai/${AGENT}/${encodeURIComponent(NAME)}/stop`, {
+      method: "POST",
+      headers: { "X-CSRFToken": csrfToken() },
+    });
+    await chat.stop();
+  };
+
+  useEffect(() => {
+    window.chat = {
+      ready: true,
+      status: () => chat.status,
+      messages: () => JSON.parse(JSON.stringify(chat.messages)),
+      error: () => (chat.error ? String(chat.error.message || chat.error) : null),
+      errors: () => errors.current.slice(),
+      finishes: () => finishes.current.slice(),
+      send: (message) => chat.sendMessage({ text: message }),
+      regenerate: () => chat.regenerate(),
+      stop,
+      resume: () => chat.resumeStream(),
+    };
+  });
+
+  return (
+    <main>
+      <div id="status">{chat.status}</div>
+      <div id="messages">
+        {chat.messages.map((m) => (
+          <Message key={m.id} message={m} />
+        ))}
+      </div>
+      <form
+        onSubmit={(e) => {
+          e.preventDefault();
+          chat.sendMessage({ text });
+          setText("");
+        }}
+      >
+        <input id="input" value={text} onChange={(e) => setText(e.target.value)} />
+        <button id="send" type="submit">
+          Send
+        </button>
+        <button id="stop" type="button" onClick={stop}>
+          Stop
+        </button>
+      </form>
+    </main>
+  );
+}
+
+function App() {
+  const [initial, setInitial] = useState(null);
+  useEffect(() => {
+    fetch(`/agents/${AGENT}/${encodeURIComponent(NAME)}/get-messages`)
+      .then((r) => (r.ok ? r.json() : []))
+      .then(setInitial, () => setInitial([]));
+  }, []);
+  return initial === null ? <div id="loading">loading</div> : <Chat initial={initial} />;
+}
+
+createRoot(document.getElementById("root")).render(<App />);
