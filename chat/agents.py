@@ -337,6 +337,12 @@ def agent_for(agent: str, name: str, conversation_id: int | None = None) -> Thin
     return agent_class(agent)(agent=agent, name=name, conversation_id=conversation_id)
 
 
+def server_tool_names(agent: str, name: str, conversation_id: int) -> set[str]:
+    """The names of the agent's server tools for a conversation (`Think.get_tools()`): a client's
+    answer for one of their calls is refused (chat.transcript.interactions)."""
+    return {tool.name for tool in agent_for(agent, name, conversation_id).get_tools()}
+
+
 def conversation_name_problem(name: str) -> str | None:
     """What is wrong with a conversation name (None when nothing is): it must be 1 to
     THINK["MAX_NAME_LENGTH"] characters, none of them a control character (Postgres stores no NUL)."""

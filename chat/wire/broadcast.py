@@ -7,6 +7,7 @@ so the per-chunk path does no JSON work in the web processes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -107,6 +108,20 @@ async def announce_accepted(
     await publish(
         conversation_id, await db(transcript_frame, conversation_id=conversation_id), exclude=exclude
     )
+
+
+def announcer(conversation_id: int) -> Callable[[dict[str, Any]], None]:
+    """What a client's tool answer announces its updated message with: every client of the
+    conversation, the sender too, replaces the message by id. Run on commit, in the database thread,
+    before the continuation the answer completes is sent to a worker: published after it, a slow web
+    process could deliver this stored copy after the continuation had streamed into the message, and
+    the copy would wipe it from the screen."""
+    from .protocol import message_updated_frame
+
+    def announce(message: dict[str, Any]) -> None:
+        publish_sync(conversation_id, message_updated_frame(message))
+
+    return announce
 
 
 def publish_sync(conversation_id: int, frame: str, *, exclude: list[str] | None = None) -> None:

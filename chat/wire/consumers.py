@@ -24,7 +24,7 @@ from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from ..access import Credentials, access_policy, conversation_open_as
-from ..agents import agent_class, agent_for, conversation_name_problem
+from ..agents import agent_class, conversation_name_problem, server_tool_names
 from ..conf import frame_limits, think_setting
 from ..exceptions import (
     AccessDenied,
@@ -43,7 +43,7 @@ from ..turn.branching import aswitch_branch
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
-from .broadcast import announce_accepted, group_name, publish_sync, release_parked
+from .broadcast import announce_accepted, announcer, group_name, release_parked
 from .limits import (
     SOCKET_RENEW_S,
     frame_bucket,
@@ -315,9 +315,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
         result = await database_sync_to_async(tool_result_apply)(
             conversation_id=self.conversation_id,
             result=frame,
-            server_tools=await database_sync_to_async(self._server_tools)(),
+            server_tools=await database_sync_to_async(server_tool_names)(
+                self.agent_name, self.instance_name, self.conversation_id
+            ),
             owner=self.channel_name,
-            announce=self._announce_update,
+            announce=announcer(self.conversation_id),
             address=self._client_address(),
         )
         await self._interaction_applied(result, frame.tool_call_id)
@@ -327,22 +329,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
             conversation_id=self.conversation_id,
             approval=frame,
             owner=self.channel_name,
-            announce=self._announce_update,
+            announce=announcer(self.conversation_id),
             address=self._client_address(),
         )
         await self._interaction_applied(result, frame.tool_call_id)
-
-    def _server_tools(self) -> set[str]:
-        """The names of the agent's server tools for this conversation (`Think.get_tools()`)."""
-        agent = agent_for(self.agent_name, self.instance_name, self.conversation_id)
-        return {tool.name for tool in agent.get_tools()}
-
-    def _announce_update(self, message: dict[str, Any]) -> None:
-        """Every tab, the sender too, replaces the message by id. Run on commit, in the database
-        thread, before the continuation the answer completes is sent to a worker: published after
-        it, a slow web process could deliver this stored copy after the continuation had streamed
-        into the message, and the copy would wipe it from the screen."""
-        publish_sync(self.conversation_id, p.message_updated_frame(message))
 
     async def _interaction_applied(self, result: InteractionResult, tool_call_id: str) -> None:
         if result.status == "unknown":

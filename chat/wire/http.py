@@ -40,15 +40,16 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from ..access import Credentials, access_policy, conversation_open_as, conversation_read
-from ..agents import agent_class, conversation_name_problem
+from ..agents import agent_class, conversation_name_problem, server_tool_names
 from ..conf import frame_limits
 from ..exceptions import AccessDenied, ConversationLimit, UnknownAgent
-from ..models import Conversation
+from ..models import Conversation, Message
+from ..transcript.interactions import tool_approval_apply, tool_part_name, tool_result_apply
 from ..transcript.turns import turn_accept
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
-from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, announce_accepted, group_name
+from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, announce_accepted, announcer, group_name
 from .chain import ChainRead, Cursor, chain_read, is_start, rejoin_root
 from .limits import SOCKET_RENEW_S, replay_refusal, socket_slot_release, socket_slot_renew, socket_slot_take
 
@@ -139,11 +140,6 @@ async def send(request: HttpRequest, agent: str) -> HttpResponseBase:
     refusal = await database_sync_to_async(door.check)(name, write=True)
     if refusal is not None:
         return refusal
-    last = body["messages"][-1] if body["messages"] else None
-    if isinstance(last, dict) and last.get("role") == "assistant":
-        return _refused(
-            422, "Tool outputs and approvals are not taken over HTTP yet: answer them over the WebSocket"
-        )
     try:
         chat = p.chat_request(request_id_for(body), body, limits)
         conversation = await database_sync_to_async(conversation_open_as)(
@@ -158,30 +154,130 @@ async def send(request: HttpRequest, agent: str) -> HttpResponseBase:
     slot = await _take_slot(door)
     if isinstance(slot, HttpResponse):
         return slot
-    policy = agent_class(agent)
     try:
-        accepted = await database_sync_to_async(turn_accept)(
-            conversation_id=conversation.pk,
-            request=chat,
-            policy=policy.message_concurrency,
-            client_history=policy.accept_client_history,
-            address=door.address,
-        )
+        if chat.messages and chat.messages[-1]["role"] == "assistant":  # answers to its tool calls
+            root = await _answer(door, conversation.pk, name, chat, limits)
+        else:
+            root = await _accept(door, conversation.pk, chat)
     except BaseException:
         await _release_slot(slot)
         raise
-    if accepted.refused or accepted.dropped:
+    if isinstance(root, HttpResponse):
         await _release_slot(slot)
-        if accepted.refused:
-            logger.warning(
-                "chat request refused: %s", accepted.refused, extra={"conversation_id": conversation.pk}
-            )
-            return _refused(429, f"Chat request refused: {accepted.refused}")
+        return root
+    return _sse(ChainTail(conversation.pk, root, slot).events())
+
+
+async def _accept(door: _Door, conversation_id: int, chat: p.ChatRequest) -> str | HttpResponse:
+    """A new turn (or the one this request already started): its request id, the root of its chain."""
+    policy = agent_class(door.agent)
+    accepted = await database_sync_to_async(turn_accept)(
+        conversation_id=conversation_id,
+        request=chat,
+        policy=policy.message_concurrency,
+        client_history=policy.accept_client_history,
+        address=door.address,
+    )
+    if accepted.refused:
+        extra = {"conversation_id": conversation_id}
+        logger.warning("chat request refused: %s", accepted.refused, extra=extra)
+        return _refused(429, f"Chat request refused: {accepted.refused}")
+    if accepted.dropped:
         return _refused(409, "Chat request refused: the conversation is busy with another turn")
     if not accepted.duplicate:
-        await announce_accepted(conversation.pk, accepted.superseded)
-    tail = ChainTail(conversation.pk, chat.id, slot)
-    return _sse(tail.events())
+        await announce_accepted(conversation_id, accepted.superseded)
+    return chat.id
+
+
+async def _answer(
+    door: _Door, conversation_id: int, name: str, chat: p.ChatRequest, limits: p.Limits
+) -> str | None | HttpResponse:
+    """The client's answers to its assistant message's tool calls (outputs of client tools, approval
+    answers), applied as the WebSocket's tool frames are; the root of the continuation they start, or
+    of the turn already running (this POST sent again), or None when nothing runs (more answers due)."""
+    try:
+        answers = await database_sync_to_async(tool_answers)(
+            conversation_id=conversation_id,
+            message=chat.messages[-1],
+            client_tools=chat.client_tools,
+            limits=limits,
+        )
+    except p.LimitExceeded as exc:  # an output over MAX_TOOL_OUTPUT_BYTES, say
+        return _refused(413, f"Tool answer refused: {exc}")
+    except p.ProtocolError as exc:
+        return _refused(422, f"Tool answer refused: {exc}")
+    announce, server_tools, continuation = announcer(conversation_id), None, None
+    for answer in answers:
+        if isinstance(answer, p.ToolResult):
+            if server_tools is None:
+                server_tools = await database_sync_to_async(server_tool_names)(
+                    door.agent, name, conversation_id
+                )
+            result = await database_sync_to_async(tool_result_apply)(
+                conversation_id=conversation_id,
+                result=answer,
+                server_tools=server_tools,
+                announce=announce,
+                address=door.address,
+            )
+        else:
+            result = await database_sync_to_async(tool_approval_apply)(
+                conversation_id=conversation_id, approval=answer, announce=announce, address=door.address
+            )
+        if result.status == "refused":
+            return _refused(422, f"Tool answer refused: {result.problem}")
+        if result.refused:
+            return _refused(429, f"Continuation refused: {result.refused}")
+        continuation = result.continuation_request_id or continuation
+    if continuation is not None:
+        return continuation
+    return await database_sync_to_async(rejoin_root, thread_sensitive=False)(conversation_id=conversation_id)
+
+
+_SETTLED = ("output-available", "output-error", "output-denied")
+
+
+def tool_answers(
+    *, conversation_id: int, message: dict[str, Any], client_tools: Any, limits: p.Limits
+) -> list[p.ToolResult | p.ToolApproval]:
+    """What an assistant message sent back by the AI SDK answers: each tool part the client settled
+    (`addToolOutput`) or decided (`addToolApprovalResponse`) that the stored message still waits for.
+    Parts it only echoes are not answers. An output for a call that waits for approval is refused:
+    that call is a server tool's, whose output only the server writes."""
+    stored = (
+        Message.objects.filter(conversation_id=conversation_id, message_id=message["id"])
+        .values_list("parts", flat=True)
+        .first()
+    ) or []
+    was = {part.get("toolCallId"): part.get("state") for part in stored if "toolCallId" in part}
+    answers: list[p.ToolResult | p.ToolApproval] = []
+    for part in message["parts"]:
+        call, state = part.get("toolCallId"), part.get("state")
+        if not isinstance(call, str) or was.get(call) in _SETTLED:
+            continue
+        if state in ("output-available", "output-error"):
+            if was.get(call) == "approval-requested":
+                raise p.ProtocolError(
+                    f"tool call {call} waits for approval: only the server writes its output"
+                )
+            frame = {
+                "type": p.TOOL_RESULT,
+                "toolCallId": call,
+                "toolName": tool_part_name(part),
+                "output": part.get("output"),
+                "state": state,
+                "errorText": part.get("errorText"),
+                "clientTools": client_tools,
+            }
+        elif state == "approval-responded" and was.get(call) in (None, "approval-requested"):
+            approval = part.get("approval") if isinstance(part.get("approval"), dict) else {}
+            frame = {"type": p.TOOL_APPROVAL, "toolCallId": call, "approved": approval.get("approved")}
+        else:
+            continue
+        parsed = p.parse_frame(p.dumps(frame), limits)
+        assert isinstance(parsed, p.ToolResult | p.ToolApproval)
+        answers.append(parsed)
+    return answers
 
 
 @require_GET
@@ -256,6 +352,10 @@ async def _release_slot(slot: dict[str, Any]) -> None:
     await sync_to_async(socket_slot_release, thread_sensitive=False)(**slot)
 
 
+_PART_STARTS = ('{"type":"text-start"', '{"type":"reasoning-start"')
+_PART_ENDS = ('{"type":"text-end"', '{"type":"reasoning-end"')
+
+
 def _event(body: str) -> bytes:
     return b"data: " + body.encode() + b"\n\n"
 
@@ -265,7 +365,8 @@ class ChainTail:
     conversation's group, each sent once and in order; a gap, a new stream of the chain, an end, or a
     silence is read from the store (chat.wire.chain)."""
 
-    def __init__(self, conversation_id: int, root_request_id: str, slot: dict[str, Any]) -> None:
+    def __init__(self, conversation_id: int, root_request_id: str | None, slot: dict[str, Any]) -> None:
+        """`root_request_id` None: no turn to follow (tool answers that start none yet): just the end."""
         self.conversation_id = conversation_id
         self.root = root_request_id
         self.slot = slot
@@ -274,6 +375,7 @@ class ChainTail:
         self.foreign: set[str] = set()  # request ids of other turns' streams
         self.sent_any = False
         self.finished = False  # a finish chunk went out
+        self.open_parts: dict[Any, str] = {}  # text and reasoning parts started and not ended: id -> end type
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(EVENT_BACKLOG)
         self.dropped = False
 
@@ -312,6 +414,9 @@ class ChainTail:
             await sync_to_async(socket_slot_renew, thread_sensitive=False)(**self.slot)
 
     async def _follow(self) -> AsyncIterator[bytes]:
+        if self.root is None:
+            yield DONE
+            return
         read: ChainRead | None = await self._read()
         wait = silence.silence_wait()
         last_out = time.monotonic()
@@ -350,6 +455,7 @@ class ChainTail:
                 wait = silence.silence_wait()
 
     async def _read(self) -> ChainRead:
+        assert self.root is not None
         return await database_sync_to_async(chain_read, thread_sensitive=False)(
             conversation_id=self.conversation_id, root_request_id=self.root, cursor=self.cursor
         )
@@ -363,6 +469,12 @@ class ChainTail:
         if bodies:
             self.sent_any = True
             self.finished = self.finished or any(b.startswith('{"type":"finish"') for b in bodies[-2:])
+            for body in bodies:  # only a part's start and end are decoded, never its deltas
+                if body.startswith(_PART_STARTS):
+                    chunk = json.loads(body)
+                    self.open_parts[chunk.get("id")] = chunk["type"].replace("-start", "-end")
+                elif body.startswith(_PART_ENDS):
+                    self.open_parts.pop(json.loads(body).get("id"), None)
         return b"".join(_event(body) for body in bodies)
 
     def _live(self, event: dict[str, Any]) -> bytes | None:
@@ -399,7 +511,9 @@ class ChainTail:
         elif outcome == "completed":
             end = [p.dumps({"type": "finish"})]
         elif self.sent_any:  # stopped ("aborted"), or replaced before it could answer ("skipped")
-            end = [p.dumps({"type": "abort", "reason": outcome})]
+            # The store closes what the stopped turn left open: so does the client, then it aborts.
+            closes = [p.dumps({"type": kind, "id": part}) for part, kind in self.open_parts.items()]
+            end = [*closes, p.dumps({"type": "abort", "reason": outcome})]
         else:
             end = []
         return self._out(end) + DONE

@@ -176,3 +176,18 @@ def watch_one_answer(page: Any, expected: str, timeout: float = 90, *, state: st
         if time.monotonic() > deadline:
             raise AssertionError(f"the answer did not finish: {text[-80:]!r}; {page.evaluate(state)}")
         time.sleep(0.05)
+
+
+def watch_in_place(page: Any, tool: str, last: str, timeout: float = 60, *, state: str = "null") -> None:
+    """While a tool continuation streams, the screen shows one answer holding the call once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = [m for m in screen(page) if m["role"] == "assistant"]
+        assert len(shown) <= 1, f"the continuation shows as a message of its own: {shown}"
+        text = shown[0]["text"] if shown else ""
+        assert text.count(f"[{tool} ") <= 1, f"the call shows twice: {text[:160]!r}"
+        if text.endswith(last):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the continuation did not finish: {text[-80:]!r}; {page.evaluate(state)}")
+        time.sleep(0.05)

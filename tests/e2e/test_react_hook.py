@@ -9,7 +9,6 @@ client tool, and two tabs on one conversation.
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.e2e.react_hook import (
     stored,
     wait_idle,
     wait_text,
+    watch_in_place,
     watch_one_answer,
 )
 from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
@@ -270,20 +270,6 @@ def test_a_server_tool(stack: Any, context: Any, bundle: Path) -> None:
     [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-get_weather"]
     assert tool["state"] == "output-available" and tool["output"]["city"] == "Paris"
     assert answer_text(transcript[1]).startswith("Tool get_weather returned:")
-
-
-def watch_in_place(page: Any, tool: str, last: str, timeout: float = 60) -> None:
-    """While a tool continuation streams, the screen shows one answer holding the call once."""
-    deadline = time.monotonic() + timeout
-    while True:
-        shown = [m for m in screen(page) if m["role"] == "assistant"]
-        assert len(shown) <= 1, f"the continuation shows as a message of its own: {shown}"
-        text = shown[0]["text"] if shown else ""
-        assert text.count(f"[{tool} ") <= 1, f"the call shows twice: {text[:160]!r}"
-        if text.endswith(last):
-            return
-        assert time.monotonic() < deadline, f"the continuation did not finish: {text[-80:]!r}"
-        time.sleep(0.05)
 
 
 def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bundle: Path) -> None:

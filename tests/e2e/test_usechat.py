@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.react_hook import build_bundle, rendered, screen, settle, stored, wait_text
+from tests.e2e.react_hook import watch_in_place as watch_call
 from tests.e2e.react_hook import watch_one_answer as watch_screen
 from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
 from tests.support import BIN, ChatClient, Proc, chat_request, free_port, numbers, user_message, wait_until
@@ -66,11 +67,23 @@ def chat_messages(page: Any) -> list[dict[str, Any]]:
 
 
 def assert_agree(page: Any, name: str) -> list[dict[str, Any]]:
-    """Screen, useChat and store show the same messages, in the same order, with the same ids."""
+    """Screen, useChat and store show the same messages, in the same order, with the same ids: the
+    screen is useChat's messages rendered, and those hold the stored text and tool calls (an object's
+    keys in the order the model wrote them; Postgres gives them back in its own)."""
     transcript = stored(name)
-    assert screen(page) == rendered(transcript)
-    assert [(m["id"], m["role"]) for m in chat_messages(page)] == [(m["id"], m["role"]) for m in transcript]
+    held = chat_messages(page)
+    assert screen(page) == rendered(held)
+    assert [essence(m) for m in held] == [essence(m) for m in transcript]
     return transcript
+
+
+def essence(message: dict[str, Any]) -> tuple[Any, ...]:
+    parts = [
+        (p["type"], p.get("text", ""), p.get("state"), p.get("output"))
+        for p in message["parts"]
+        if p["type"] != "step-start"
+    ]
+    return message["id"], message["role"], parts
 
 
 def finished(page: Any, name: str, *, answers: int = 1, timeout: float = 60) -> list[dict[str, Any]]:
@@ -250,3 +263,47 @@ STATE = "({status: chat.status(), errors: chat.errors(), finishes: chat.finishes
 
 def watch_one_answer(page: Any, expected: str, timeout: float = 60) -> None:
     watch_screen(page, expected, timeout, state=STATE)
+
+
+def watch_in_place(page: Any, tool: str, last: str, timeout: float = 60) -> None:
+    watch_call(page, tool, last, timeout, state=STATE)
+
+
+def test_a_server_tool_streams_its_input_and_output(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("tool")
+    page = open_chat(context, stack.port, name)
+    send(page, '[tool get_weather {"city": "Paris"}]')
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-get_weather"]
+    assert tool["state"] == "output-available" and tool["output"]["city"] == "Paris"
+    assert answer_text(transcript[1]).startswith("Tool get_weather returned:")
+
+
+def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("approve")
+    page = open_chat(context, stack.port, name)
+    send(page, '[tool send_email {"to": "a@b.c", "subject": "hi"}] count to 40 [rate 30]')
+    page.wait_for_selector("button.approve", timeout=30_000)
+    asked = stored(name)
+    page.click("button.approve")
+    watch_in_place(page, "send_email", " 40")
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    assert transcript[1]["id"] == asked[1]["id"], "the continuation extended the asking message"
+    [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-send_email"]
+    assert tool["state"] == "output-available" and "queued" in tool["output"]
+    assert answer_text(transcript[1]).startswith("Tool send_email returned:")
+    assert page.requests.count(f"POST /ai/{AGENT}") == 2, "the approval went back in a POST of its own"
+
+
+def test_a_client_tool_answered_through_on_tool_call(stack: Any, context: Any, bundle: Path) -> None:
+    name = new_name("client")
+    page = open_chat(context, stack.port, name)
+    send(page, "[tool get_local_time {}] count to 40 [rate 30]")
+    watch_in_place(page, "get_local_time", " 40")
+    transcript = finished(page, name)
+    assert [m["role"] for m in transcript] == ["user", "assistant"]
+    [tool] = [p for p in transcript[1]["parts"] if p["type"] == "tool-get_local_time"]
+    assert tool["state"] == "output-available" and tool["output"] == {"time": "12:34"}
+    assert answer_text(transcript[1]) == 'Tool get_local_time returned: {"time": "12:34"}' + " " + numbers(40)

@@ -10,7 +10,11 @@
 import { useEffect, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
 import { useChat } from "@ai-sdk/react";
-import { DefaultChatTransport } from "ai";
+import {
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  lastAssistantMessageIsCompleteWithToolCalls,
+} from "ai";
 
 const params = new URLSearchParams(window.location.hash.slice(1));
 const AGENT = params.get("agent") || "assistant";
@@ -21,10 +25,21 @@ function csrfToken() {
   return found ? decodeURIComponent(found.slice("csrftoken=".length)) : "";
 }
 
+// A client tool the browser answers itself: its schema goes with each request (`clientTools`), so the
+// agent's model may call it; useChat's onToolCall answers the call, and the answer is POSTed back.
+const CLIENT_TOOLS = [
+  { name: "get_local_time", description: "The time on the user's device.", parameters: { type: "object", properties: {} } },
+];
+
 const transport = new DefaultChatTransport({
   api: `/ai/${AGENT}`,
   headers: () => ({ "X-CSRFToken": csrfToken() }),
+  body: { clientTools: CLIENT_TOOLS },
 });
+
+const sendAutomaticallyWhen = (options) =>
+  lastAssistantMessageIsCompleteWithToolCalls(options) ||
+  lastAssistantMessageIsCompleteWithApprovalResponses(options);
 
 function partText(part) {
   if (part.type === "text" || part.type === "reasoning") return part.text;
@@ -37,12 +52,22 @@ function partText(part) {
   return `[${part.type}]`;
 }
 
-function Message({ message }) {
+function Message({ message, onApprove }) {
   return (
     <div className="message" data-role={message.role} data-id={message.id}>
       {message.parts.map((part, i) => (
         <span key={i} className="part" data-type={part.type} data-state={part.state || ""}>
           {partText(part)}
+          {part.state === "approval-requested" && part.approval ? (
+            <>
+              <button className="approve" onClick={() => onApprove(part.approval.id, true)}>
+                Approve
+              </button>
+              <button className="reject" onClick={() => onApprove(part.approval.id, false)}>
+                Reject
+              </button>
+            </>
+          ) : null}
         </span>
       ))}
     </div>
@@ -65,6 +90,16 @@ function Chat({ initial }) {
     messages: initial,
     transport,
     resume: true,
+    sendAutomaticallyWhen,
+    onToolCall: ({ toolCall }) => {
+      if (toolCall.toolName === "get_local_time") {
+        chatRef.current.addToolOutput({
+          tool: "get_local_time",
+          toolCallId: toolCall.toolCallId,
+          output: { time: "12:34" },
+        });
+      }
+    },
     onError: (error) => {
       const text = String(error && error.message ? error.message : error);
       errors.current.push(text);
@@ -81,14 +116,14 @@ function Chat({ initial }) {
   });
   chatRef.current = chat;
   const [text, setText] = useState("");
-  const stop = async () => {
-    // A durable turn is stopped by the server: aborting the fetch alone is only a disconnect.
-    await fetch(`/ai/${AGENT}/${encodeURIComponent(NAME)}/stop`, {
+  const approve = (id, approved) => chat.addToolApprovalResponse({ id, approved });
+  // A durable turn is stopped by the server: aborting the fetch (useChat's stop()) is only a
+  // disconnect. The open response then ends as the turn did: its parts closed, an abort, [DONE].
+  const stop = () =>
+    fetch(`/ai/${AGENT}/${encodeURIComponent(NAME)}/stop`, {
       method: "POST",
       headers: { "X-CSRFToken": csrfToken() },
     });
-    await chat.stop();
-  };
 
   useEffect(() => {
     window.chat = {
@@ -101,6 +136,7 @@ function Chat({ initial }) {
       send: (message) => chat.sendMessage({ text: message }),
       regenerate: () => chat.regenerate(),
       stop,
+      approve,
       resume: () => chat.resumeStream(),
     };
   });
@@ -110,7 +146,7 @@ function Chat({ initial }) {
       <div id="status">{chat.status}</div>
       <div id="messages">
         {chat.messages.map((m) => (
-          <Message key={m.id} message={m} />
+          <Message key={m.id} message={m} onApprove={approve} />
         ))}
       </div>
       <form
