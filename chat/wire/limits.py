@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
 from django.core.cache.backends.redis import RedisCache
 
 from ..conf import think_setting
@@ -96,7 +96,8 @@ _local = _LocalSlots()
 
 def _redis() -> Any:
     """The shared cache's Redis client, or None when the cache is not Django's Redis backend."""
-    return cache._cache.get_client(write=True) if isinstance(cache, RedisCache) else None  # type: ignore[attr-defined]
+    backend = caches[DEFAULT_CACHE_ALIAS]  # the backend itself: `cache` is a proxy, never a RedisCache
+    return backend._cache.get_client(write=True) if isinstance(backend, RedisCache) else None  # type: ignore[attr-defined]
 
 
 def _slot_keys(principal: str, address: str | None) -> list[tuple[str, str, int]]:

@@ -95,6 +95,18 @@ def test_the_slots_of_a_process_that_died_lapse(settings: Any) -> None:
         assert socket_slot_take(principal=principal, address=None, socket="new") == ""
 
 
+@pytest.mark.django_db
+def test_the_slots_are_counted_in_the_shared_cache_across_web_processes(settings: Any) -> None:
+    """Every web process sees the same count: a principal's sockets on another process (here, one
+    whose own process-local count is empty) still fill its slots."""
+    settings.THINK = think(PRINCIPAL_MAX_SOCKETS=2)
+    principal = someone()
+    for n in (1, 2):
+        assert socket_slot_take(principal=principal, address=None, socket=f"elsewhere{n}") == ""
+    with mock.patch.object(limits, "_local", limits._LocalSlots()):  # another process's own memory
+        assert socket_slot_take(principal=principal, address=None, socket="here") != ""
+
+
 # -- conversations owned ----------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_a_new_conversation_beyond_the_bound_is_refused_and_no_row_is_made(settings: Any) -> None:

@@ -4,9 +4,12 @@ the answer across a dead worker, the rejoin, a resent POST, the stop, and every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +25,7 @@ from tests.support import (
     chat_request,
     follow_conversation,
     numbers,
+    start_daphne,
     user_message,
 )
 
@@ -320,3 +324,61 @@ def answer_body(
     parts = [part if p.get("toolCallId") == part["toolCallId"] else p for p in message["parts"]]
     updated = {**message, "parts": parts}
     return {"id": name, "messages": [user, updated], "trigger": "submit-message", "messageId": message["id"]}
+
+
+@pytest.fixture(scope="module")
+def bounded(stack: Any, log_dir: Path) -> Iterator[int]:
+    """A daphne of the shared stack with low per-principal bounds (the shared worker runs its turns)."""
+    env = {"THINK_PRINCIPAL_MAX_SOCKETS": "2", "THINK_PRINCIPAL_REPLAYS_PER_MINUTE": "2"}
+    daphne, port = start_daphne({**stack.env, **env}, log_dir)
+    yield port
+    daphne.stop()
+
+
+async def test_open_responses_count_as_the_principals_sockets(bounded: int) -> None:
+    """Each open answer holds one of the principal's socket slots, as a WebSocket does: one over the
+    bound is refused with 429 before anything is stored, and a closed answer frees its slot."""
+    principal = f"test:{uuid.uuid4().hex[:10]}"
+    headers = {"Authorization": f"Bearer {access_token(principal)}"}
+    url = f"http://127.0.0.1:{bounded}/ai/{AGENT}"
+    names = [new_name() for _ in range(3)]
+    reading = []  # (an answer's reader, dropped, would close its response)
+    async with httpx.AsyncClient(timeout=60) as client, contextlib.AsyncExitStack() as held:
+        for name in names[:2]:
+            response = await held.enter_async_context(
+                client.stream("POST", url, json=body(name, "count to 300 [rate 20]"), headers=headers)
+            )
+            reading.append(await Answer().read(response, until=words(1)))
+        over = await client.post(url, json=body(names[2], "count to 3"), headers=headers)
+        assert over.status_code == 429 and "connections open" in over.text, over.text
+        async with ChatClient(bounded, names[2], principal=principal) as socket:
+            assert await socket.close_code() == 4429
+        assert not await Message.objects.filter(conversation__name=names[2]).aexists()
+        await held.aclose()  # both answers closed by the client: their turns go on, their slots are freed
+        answer = await post_as(client, url, body(names[2], "count to 3"), headers)
+    assert answer.text == numbers(3) and answer.done
+
+
+async def test_a_rejoin_beyond_the_principals_replays_is_refused(bounded: int) -> None:
+    principal = f"test:{uuid.uuid4().hex[:10]}"
+    headers = {"Authorization": f"Bearer {access_token(principal)}"}
+    name = new_name()
+    url = f"http://127.0.0.1:{bounded}/ai/{AGENT}"
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream(
+            "POST", url, json=body(name, "count to 200 [rate 20]"), headers=headers
+        ) as r:
+            await Answer().read(r, until=words(1))
+        statuses = []
+        for _ in range(3):
+            async with client.stream("GET", f"{url}/{name}/stream", headers=headers) as rejoined:
+                statuses.append(rejoined.status_code)
+                text = (await rejoined.aread()).decode() if rejoined.status_code != 200 else ""
+        await client.post(f"{url}/{name}/stop", headers=headers)
+    assert statuses == [200, 200, 429] and "replays" in text
+
+
+async def post_as(client: httpx.AsyncClient, url: str, payload: Any, headers: dict[str, str]) -> Answer:
+    async with client.stream("POST", url, json=payload, headers=headers) as response:
+        assert response.status_code == 200, (await response.aread()).decode()
+        return await Answer().read(response)
