@@ -8,10 +8,12 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.static import serve
 
 from tests.hook_paths import HOOK_DIST, USECHAT_DIST
+from tests.site_views import summarise
 from thinkproject.urls import urlpatterns as demo_urlpatterns
 
 urlpatterns = [
     re_path(r"^__hook__/(?P<path>.*)$", serve, {"document_root": HOOK_DIST}),
     re_path(r"^__usechat__/(?P<path>.*)$", ensure_csrf_cookie(serve), {"document_root": USECHAT_DIST}),
+    re_path(r"^tickets/(?P<ticket>[0-9]+)/summary$", summarise),  # the README's own view
     *demo_urlpatterns,
 ]

@@ -12,6 +12,7 @@ missed frames, or joins late, reads them here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..models import Conversation, TurnCompletion
 from ..transcript.completions import root_of
 from ..transcript.selectors import active_stream, chain_outcome, pending_turn_request_id
 from ..transcript.snapshot import TurnSnapshot
+from ..turn.interrupted import recovering_flag_active
 
 # A read returns at most this many chunks; the caller reads again from where it stopped.
 CHAIN_PAGE_CHUNKS = 200
@@ -117,6 +119,10 @@ def rejoin_root(*, conversation_id: int) -> str | None:
             .first()
         )
         request_id = fiber.request_id if fiber is not None else None
+    if request_id is None:  # between recovery's attempts: the conversation shows "recovering"
+        flag = Conversation.objects.values_list("recovering", flat=True).get(pk=conversation_id) or {}
+        if recovering_flag_active(flag, now_ms=int(time.time() * 1000)) and flag.get("requestId"):
+            request_id = str(flag["requestId"])
     if request_id is None:
         return None
     return root_request_id(conversation_id=conversation_id, request_id=request_id)

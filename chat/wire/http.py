@@ -330,6 +330,13 @@ async def _existing(
     return door, conversation
 
 
+def turn_response(conversation_id: int, request_id: str) -> StreamingHttpResponse:
+    """A site's own view answers with a turn as the AI SDK reads it: the turn `request_id` started
+    (`open_agent(...).save_messages(..., wait=False)`, say), from its `start` to its end, across
+    recoveries; who may see it is the view's to check."""
+    return _sse(ChainTail(conversation_id, request_id, None).events())
+
+
 def _sse(events: AsyncIterator[bytes]) -> StreamingHttpResponse:
     return StreamingHttpResponse(events, content_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -365,8 +372,11 @@ class ChainTail:
     conversation's group, each sent once and in order; a gap, a new stream of the chain, an end, or a
     silence is read from the store (chat.wire.chain)."""
 
-    def __init__(self, conversation_id: int, root_request_id: str | None, slot: dict[str, Any]) -> None:
-        """`root_request_id` None: no turn to follow (tool answers that start none yet): just the end."""
+    def __init__(
+        self, conversation_id: int, root_request_id: str | None, slot: dict[str, Any] | None
+    ) -> None:
+        """`root_request_id` None: no turn to follow (tool answers that start none yet): just the end.
+        `slot`: the principal's socket slot the response holds (renewed, then released), if any."""
         self.conversation_id = conversation_id
         self.root = root_request_id
         self.slot = slot
@@ -386,7 +396,9 @@ class ChainTail:
         group = group_name(self.conversation_id)
         # Joined before the first read of the store: nothing published after that read is missed.
         await layer.group_add(group, channel)
-        tasks = [asyncio.create_task(self._pump(layer, channel)), asyncio.create_task(self._renew())]
+        tasks = [asyncio.create_task(self._pump(layer, channel))]
+        if self.slot is not None:
+            tasks.append(asyncio.create_task(self._renew(self.slot)))
         try:
             async for piece in self._follow():
                 yield piece
@@ -395,8 +407,9 @@ class ChainTail:
                 task.cancel()
             with contextlib.suppress(Exception):
                 await layer.group_discard(group, channel)
-            with contextlib.suppress(Exception):
-                await _release_slot(self.slot)
+            if self.slot is not None:
+                with contextlib.suppress(Exception):
+                    await _release_slot(self.slot)
 
     async def _pump(self, layer: Any, channel: str) -> None:
         """The group's events into the response's queue; never cancelled mid-receive but at the end
@@ -408,10 +421,10 @@ class ChainTail:
             except asyncio.QueueFull:
                 self.dropped = True  # the store has it: the next read fills it
 
-    async def _renew(self) -> None:
+    async def _renew(self, slot: dict[str, Any]) -> None:
         while True:
             await asyncio.sleep(SOCKET_RENEW_S)
-            await sync_to_async(socket_slot_renew, thread_sensitive=False)(**self.slot)
+            await sync_to_async(socket_slot_renew, thread_sensitive=False)(**slot)
 
     async def _follow(self) -> AsyncIterator[bytes]:
         if self.root is None:

@@ -382,3 +382,29 @@ async def post_as(client: httpx.AsyncClient, url: str, payload: Any, headers: di
     async with client.stream("POST", url, json=payload, headers=headers) as response:
         assert response.status_code == 200, (await response.aread()).decode()
         return await Answer().read(response)
+
+
+async def test_the_readmes_view_streams_a_turn_it_starts(stack: Any) -> None:
+    """A site's own view (README, "Front ends"): it starts a turn for the logged-in user and answers
+    with its stream."""
+    session = await sync_to_async(login)(f"site-{uuid.uuid4().hex[:6]}")
+    ticket = str(uuid.uuid4().int % 10**9)
+    async with httpx.AsyncClient(timeout=60, base_url=f"http://127.0.0.1:{stack.port}") as client:
+        anonymous = await client.get(f"/tickets/{ticket}/summary")
+        client.cookies.set("sessionid", session)
+        async with client.stream("GET", f"/tickets/{ticket}/summary") as response:
+            answer = await Answer().read(response)
+    assert anonymous.status_code == 302, "the view's own access check stands"
+    assert answer.status == 200 and answer.done and answer.types[-1] == "finish"
+    transcript = await sync_to_async(stored)(f"ticket-{ticket}")
+    assert transcript[0]["parts"][0]["text"] == f"Summarise ticket {ticket}"
+    assert answer.text and assistant_text(transcript) == answer.text
+
+
+def test_the_readme_shows_that_view_word_for_word() -> None:
+    import inspect
+
+    from tests.site_views import summarise
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert inspect.getsource(summarise) in readme
