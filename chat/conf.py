@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     # A connection following a live stream that hears nothing of it for this long reads the store:
     # chunks the channel layer lost, and the end of a stream that ended (chat.wire.silence).
     "STREAM_SILENCE_MS": 2000,
+    # An HTTP answer (chat.wire.http) with nothing to send for this long sends a comment line, so that
+    # proxies and clients that time idle responses out keep it open (a stalled model, a queued turn).
+    "HTTP_PING_S": 15.0,
     # Prefix of channel-layer group names, one group per conversation.
     "GROUP_PREFIX": "think",
     # Who may use which conversation (chat.access): a dotted path to an AccessPolicy subclass.

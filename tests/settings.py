@@ -87,6 +87,9 @@ if os.environ.get("THINK_TEST_PRELOAD_LITELLM"):
         os.environ["THINK_TEST_PRELOAD_LITELLM"], os.environ["THINK_TEST_PRELOAD_LITELLM"]
     )
 # A daphne of a test may send smaller frames (tests/e2e/test_long_conversation.py).
+# A daphne of a test may ping idle HTTP answers sooner (tests/e2e/test_http_wire.py).
+if os.environ.get("THINK_TEST_HTTP_PING_S"):
+    THINK["HTTP_PING_S"] = float(os.environ["THINK_TEST_HTTP_PING_S"])
 if os.environ.get("THINK_TEST_MAX_SEND_BYTES"):
     THINK["MAX_SEND_BYTES"] = int(os.environ["THINK_TEST_MAX_SEND_BYTES"])
 ROOT_URLCONF = "tests.urls"

@@ -41,7 +41,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from ..access import Credentials, access_policy, conversation_open_as, conversation_read
 from ..agents import agent_class, conversation_name_problem, server_tool_names
-from ..conf import frame_limits
+from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, ConversationLimit, UnknownAgent
 from ..models import Conversation, Message
 from ..transcript.interactions import tool_approval_apply, tool_part_name, tool_result_apply
@@ -60,7 +60,6 @@ SSE_HEADERS = {
     "x-vercel-ai-ui-message-stream": "v1",
     "X-Accel-Buffering": "no",
 }
-PING_S = 15.0  # a comment line after this long without a chunk keeps proxies from closing the response
 # Group events a response holds while it sends; past this many it drops them and reads the store.
 EVENT_BACKLOG = 256
 DONE = b"data: [DONE]\n\n"
@@ -432,31 +431,37 @@ class ChainTail:
             return
         read: ChainRead | None = await self._read()
         wait = silence.silence_wait()
-        last_out = time.monotonic()
+        # When to read the store anyway (a silence: a lost frame, a lost start of a continuation), and
+        # when to send a ping; both keep their time while other turns' events come and go.
+        every = float(think_setting("HTTP_PING_S"))
+        look_at, ping_at = time.monotonic() + wait, time.monotonic() + every
         while True:
             if read is not None:
                 out = self._take(read)
                 if read.outcome is not None:
                     yield out + self._ending(read)
                     return
+                if read.bodies:
+                    wait = silence.silence_wait()
+                else:  # quiet in the store too (a stalled model, a continuation not started yet)
+                    wait = min(wait * 2, silence.silence_wait() * 4)
+                look_at = time.monotonic() + wait
                 if out:
                     yield out
-                    last_out = time.monotonic()
-                    wait = silence.silence_wait()
-                if read.more:
-                    read = await self._read()
-                    continue
-            read = None
+                    ping_at = time.monotonic() + every
+                read = await self._read() if read.more else None
+                continue
+            now = time.monotonic()
+            if now >= ping_at:
+                yield b": ping\n\n"
+                ping_at = now + every
+            if now >= look_at:
+                read = await self._read()
+                continue
             try:
-                async with asyncio.timeout(min(wait, PING_S)):
+                async with asyncio.timeout(min(look_at, ping_at) - now):
                     event = await self.queue.get()
             except TimeoutError:
-                read = await self._read()
-                if not read.bodies:
-                    wait = min(wait * 2, silence.silence_wait() * 4)
-                if time.monotonic() - last_out >= PING_S and read.outcome is None and not read.bodies:
-                    yield b": ping\n\n"
-                    last_out = time.monotonic()
                 continue
             live = self._live(event)
             if live is None or self.dropped:
@@ -464,8 +469,8 @@ class ChainTail:
                 read = await self._read()
             elif live:
                 yield live
-                last_out = time.monotonic()
-                wait = silence.silence_wait()
+                look_at = time.monotonic() + silence.silence_wait()
+                ping_at = time.monotonic() + every
 
     async def _read(self) -> ChainRead:
         assert self.root is not None

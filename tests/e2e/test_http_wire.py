@@ -73,6 +73,8 @@ class Answer:
         async for line in self.lines:
             if line.startswith(": "):
                 self.pings += 1
+                if until is not None and until(self):
+                    return self
             if not line.startswith("data: "):
                 continue
             assert not self.done, "nothing may follow [DONE]"
@@ -408,3 +410,40 @@ def test_the_readme_shows_that_view_word_for_word() -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert inspect.getsource(summarise) in readme
+
+
+async def test_a_quiet_answer_is_kept_open_with_pings(stack: Any, log_dir: Path) -> None:
+    """A model that stalls sends nothing for a while: the answer sends comment lines meanwhile (every
+    HTTP_PING_S), and still ends as the turn does."""
+    daphne, port = start_daphne({**stack.env, "THINK_TEST_HTTP_PING_S": "0.3"}, log_dir)
+    name = new_name()
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            url = f"http://127.0.0.1:{port}/ai/{AGENT}"
+            async with client.stream(
+                "POST", url, json=body(name, "count to 50 [stall after 3]"), headers=bearer()
+            ) as r:
+                answer = await Answer().read(r, until=words(3))
+                await answer.read(r, until=lambda a: a.pings >= 3)
+                assert answer.text == numbers(3)
+                await client.post(f"{url}/{name}/stop", headers=bearer())
+                await answer.read(r)
+    finally:
+        daphne.stop()
+    assert answer.done and answer.types[-1] == "abort"
+
+
+async def test_a_turn_queued_behind_another_answers_only_its_own(stack: Any) -> None:
+    """Two POSTs in one conversation: the second waits behind the first (the "queue" policy) and each
+    answer carries its own turn only, the other's frames passing by."""
+    name = new_name()
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = asyncio.create_task(post(client, stack.port, body(name, "count to 60 [rate 40]")))
+        await asyncio.sleep(0.3)
+        second = await post(client, stack.port, body(name, "count to 3"))
+        first_answer = await first
+    assert first_answer.text == numbers(60) and first_answer.done
+    assert second.text == numbers(3) and second.done
+    transcript = await sync_to_async(stored)(name)
+    assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
+    assert second.chunks[0]["messageId"] == transcript[3]["id"]

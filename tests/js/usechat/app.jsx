@@ -135,6 +135,7 @@ function Chat({ initial }) {
       finishes: () => finishes.current.slice(),
       send: (message) => chat.sendMessage({ text: message }),
       regenerate: () => chat.regenerate(),
+      edit: (messageId, text) => chat.sendMessage({ text, messageId }),
       stop,
       approve,
       resume: () => chat.resumeStream(),
