@@ -162,6 +162,13 @@ def stored(name: str, agent: str = "assistant") -> list[dict[str, Any]]:
     return [] if conversation is None else messages_list(conversation_id=conversation.pk)
 
 
+def stored_answer(name: str, agent: str = "assistant") -> list[dict[str, Any]]:
+    """The stored transcript once it holds the answer to its first message (for `settle`)."""
+    transcript = stored(name, agent)
+    assert [m["role"] for m in transcript] == ["user", "assistant"], transcript
+    return transcript
+
+
 def watch_one_answer(page: Any, expected: str, timeout: float = 90, *, state: str = "null") -> None:
     """Poll the live screen until it shows `expected`: never a second copy, never a gap. `state`, a JS
     expression, says what the app holds when it does not finish (in the failure's message)."""

@@ -24,6 +24,7 @@ from tests.e2e.react_hook import (
     screen,
     settle,
     stored,
+    stored_answer,
     wait_idle,
     wait_text,
     watch_in_place,
@@ -277,7 +278,7 @@ def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bun
     page = new_tab(context, stack.port, AGENT, name)
     send(page, '[tool send_email {"to": "a@b.c", "subject": "hi"}] count to 40 [rate 30]')
     page.wait_for_selector("button.approve", timeout=30_000)
-    asked = stored(name)
+    asked = settle(lambda: stored_answer(name))  # the request shows before the turn stores its message
     page.click("button.approve")
     watch_in_place(page, "send_email", " 40")
     transcript = finished(page, name)

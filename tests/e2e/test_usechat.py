@@ -4,7 +4,8 @@ The app (tests/js/usechat) uses `DefaultChatTransport({api: "/ai/<agent>"})` wit
 AI SDK documents it, unmodified. Each scenario asks that the screen, useChat's state and the store agree:
 a stream, a reload mid-stream (rejoined), a worker SIGKILLed mid-stream (the live screen holds 1..N
 once, with no reload), the web process killed mid-stream (the app rejoins on the disconnect), a stop,
-a regenerate, and a turn sent over the WebSocket seen through the HTTP rejoin.
+a regenerate and an edit, a server tool, an approval, a client tool, and a turn sent over the
+WebSocket seen through the HTTP rejoin.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.react_hook import build_bundle, rendered, screen, settle, stored, wait_text
+from tests.e2e.react_hook import build_bundle, rendered, screen, settle, stored, stored_answer, wait_text
 from tests.e2e.react_hook import watch_in_place as watch_call
 from tests.e2e.react_hook import watch_one_answer as watch_screen
 from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
@@ -216,7 +217,11 @@ def test_stop_leaves_the_screen_equal_to_the_store_and_a_later_turn_keeps_it(
     assert answer_text(transcript[3]) == numbers(5)
 
 
-def test_regenerate_replaces_the_answer(stack: Any, context: Any, bundle: Path) -> None:
+def test_regenerate_and_edit_replace_the_answer(stack: Any, context: Any, bundle: Path) -> None:
+    """useChat's regenerate() and its edit (sendMessage with a messageId) go out as the trigger and
+    messageId of a POST; the store keeps what they replace as branches, and agrees with the screen."""
+    from chat.models import Branch
+
     name = new_name("regen")
     page = open_chat(context, stack.port, name)
     send(page, "count to 6")
@@ -232,6 +237,16 @@ def test_regenerate_replaces_the_answer(stack: Any, context: Any, bundle: Path) 
     transcript = settle(regenerated, timeout=30)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     assert answer_text(transcript[1]) == numbers(6)
+
+    def edited() -> list[dict[str, Any]]:
+        transcript = finished(page, name)
+        assert [answer_text(m) for m in transcript] == ["count to 4", numbers(4)]
+        return transcript
+
+    page.evaluate("([id, text]) => { window.chat.edit(id, text); }", [first[0]["id"], "count to 4"])
+    transcript = settle(edited, timeout=30)
+    assert transcript[0]["id"] == first[0]["id"], "the edited question keeps its id"
+    assert Branch.objects.filter(conversation__name=name).count() == 2
 
 
 def test_a_turn_sent_over_the_websocket_is_seen_through_the_http_rejoin(
@@ -285,7 +300,7 @@ def test_an_approval_continues_in_the_same_message(stack: Any, context: Any, bun
     page = open_chat(context, stack.port, name)
     send(page, '[tool send_email {"to": "a@b.c", "subject": "hi"}] count to 40 [rate 30]')
     page.wait_for_selector("button.approve", timeout=30_000)
-    asked = stored(name)
+    asked = settle(lambda: stored_answer(name))  # the request shows before the turn stores its message
     page.click("button.approve")
     watch_in_place(page, "send_email", " 40")
     transcript = finished(page, name)
