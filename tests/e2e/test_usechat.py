@@ -59,6 +59,7 @@ def open_chat(context: Any, port: int, name: str) -> Any:
     page.on("request", lambda request: page.requests.append(f"{request.method} {request.url[len(base) :]}"))
     page.goto(f"{base}/__usechat__/index.html#agent={AGENT}&name={name}")
     page.wait_for_function("window.chat && window.chat.ready", timeout=15_000)
+    page.wait_for_function("window.chat.rejoins() > 0", timeout=15_000)  # the mount's GET answered
     page.wait_for_function("window.chat.status() === 'ready'", timeout=15_000)
     return page
 

@@ -31,7 +31,21 @@ const CLIENT_TOOLS = [
   { name: "get_local_time", description: "The time on the user's device.", parameters: { type: "object", properties: {} } },
 ];
 
-const transport = new DefaultChatTransport({
+// useChat's `resume` asks on mount whether a turn is active (GET .../stream); its status stays "ready"
+// while it asks. The test waits for that answer before it sends: a message sent meanwhile would be
+// joined by that GET too, and two responses would write one message.
+let rejoins = 0;
+class Transport extends DefaultChatTransport {
+  async reconnectToStream(options) {
+    try {
+      return await super.reconnectToStream(options);
+    } finally {
+      rejoins += 1;
+    }
+  }
+}
+
+const transport = new Transport({
   api: `/ai/${AGENT}`,
   headers: () => ({ "X-CSRFToken": csrfToken() }),
   body: { clientTools: CLIENT_TOOLS },
@@ -128,6 +142,7 @@ function Chat({ initial }) {
   useEffect(() => {
     window.chat = {
       ready: true,
+      rejoins: () => rejoins,
       status: () => chat.status,
       messages: () => JSON.parse(JSON.stringify(chat.messages)),
       error: () => (chat.error ? String(chat.error.message || chat.error) : null),
