@@ -26,6 +26,7 @@ from ..transcript.completions import root_of
 from ..transcript.selectors import active_stream, chain_outcome, pending_turn_request_id
 from ..transcript.snapshot import TurnSnapshot
 from ..turn.interrupted import recovering_flag_active
+from .resume import is_start
 
 # A read returns at most this many chunks; the caller reads again from where it stopped.
 CHAIN_PAGE_CHUNKS = 200
@@ -90,10 +91,6 @@ def chain_read(
         return ChainRead(bodies, at, known)
     error = chain_error(conversation_id, root_request_id, set(known)) if outcome == "error" else ""
     return ChainRead(bodies, at, known, outcome=outcome, error=error)
-
-
-def is_start(seq: int, body: str) -> bool:
-    return seq == 0 and body.startswith('{"type":"start"') and not body.startswith('{"type":"start-')
 
 
 def chain_error(conversation_id: int, root_request_id: str, request_ids: set[str]) -> str:

@@ -50,8 +50,9 @@ from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
 from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, announce_accepted, announcer, group_name
-from .chain import ChainRead, Cursor, chain_read, is_start, rejoin_root
+from .chain import ChainRead, Cursor, chain_read, rejoin_root
 from .limits import SOCKET_RENEW_S, replay_refusal, socket_slot_release, socket_slot_renew, socket_slot_take
+from .resume import is_start
 
 logger = logging.getLogger(__name__)
 

@@ -203,7 +203,7 @@ def _chunk_frames(
     return [
         response_frame(request_id, body, replay=True, seq=seq, continuation=continuation)
         for seq, body in chunks
-        if not (skip_start and _is_start(seq, body))
+        if not (skip_start and is_start(seq, body))
     ]
 
 
@@ -230,7 +230,8 @@ def _continued_in_place(part: dict[str, Any]) -> bool:
     )
 
 
-def _is_start(seq: int, body: str) -> bool:
+def is_start(seq: int, body: str) -> bool:
+    """A stream's own `start` chunk (its first), not a `start-step`."""
     return seq == 0 and body.startswith('{"type":"start"') and not body.startswith('{"type":"start-')
 
 
