@@ -19,6 +19,8 @@ The stack (scripted model, daphne, beat, one worker) runs on a redis-server of i
 database (thinkproject_overload), so nothing else on the machine takes its turns.
 
     .venv/bin/python bench/overload.py --turns 500 --concurrency 64
+    .venv/bin/python bench/overload.py --turns 40 --concurrency 4 --principals 4 --max-active 8 \
+        --worker-after-accept   # the test's small form: a backlog, so the limit refuses exactly 8
 """
 
 from __future__ import annotations
@@ -168,6 +170,26 @@ def check(turn: Turn, expected: str, notice_s: float) -> None:
         turn.problems.append(f"lost: ended {turn.outcome!r} {turn.error!r:.80}, stored {fibers}")
 
 
+async def every_turn_answered(turns: list[Turn], timeout: float = 120) -> None:
+    """Wait until each turn is accepted (its fiber is stored) or refused (its client got the error)."""
+    from asgiref.sync import sync_to_async
+
+    from recovery.models import Fiber
+
+    names = [t.name for t in turns]
+
+    def accepted() -> int:
+        return Fiber.objects.filter(conversation__name__in=names).values("conversation").distinct().count()
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        refused = sum(1 for t in turns if t.outcome == "error")
+        if await sync_to_async(accepted)() + refused >= len(turns):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"turns still neither accepted nor refused after {timeout:.0f} s")
+
+
 def is_lost(turn: Turn) -> bool:
     return any(p.startswith("lost") or p.startswith("no end") for p in turn.problems)
 
@@ -235,10 +257,17 @@ async def main(args: argparse.Namespace) -> int:
             daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
             procs.append(daphne)
             procs.append(start_beat(env, logs))
-            worker = start_worker(env, logs, name="overload-worker", concurrency=args.concurrency)
-            procs.append(worker)
+            workers: list[Proc] = []
+
+            def start_the_worker() -> None:
+                worker = start_worker(env, logs, name="overload-worker", concurrency=args.concurrency)
+                procs.append(worker)
+                workers.append(worker)
+
+            if not args.worker_after_accept:
+                start_the_worker()
             parts = [
-                procstat.Part("worker", procstat.tree(worker.popen.pid)),  # type: ignore[union-attr]
+                procstat.Part("worker", procstat.trees(lambda: [w.popen.pid for w in workers])),  # type: ignore[union-attr]
                 procstat.Part("daphne", procstat.tree(daphne.popen.pid)),  # type: ignore[union-attr]
                 procstat.Part("postgres", procstat.postgres_cluster),
                 procstat.Part("client", lambda: [os.getpid()]),
@@ -261,6 +290,10 @@ async def main(args: argparse.Namespace) -> int:
             meter.start()
             began = time.monotonic()
             start.set()
+            if args.worker_after_accept:
+                await every_turn_answered(turns)
+                progress("every turn accepted or refused; the worker starts")
+                await asyncio.to_thread(start_the_worker)
             await asyncio.gather(*runs)
             wall = time.monotonic() - began
             cpu = meter.stop()
@@ -295,6 +328,11 @@ if __name__ == "__main__":
         "--budget", type=float, default=600.0, help="seconds a client waits for its turn's end"
     )
     parser.add_argument("--notice-ms", type=float, default=500.0, help="THINK QUEUED_NOTICE_MS of the stack")
+    parser.add_argument(
+        "--worker-after-accept",
+        action="store_true",
+        help="start the worker once every turn is accepted or refused (a backlog: the limits count exactly)",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     arguments = parser.parse_args()
     arguments.principals = arguments.principals or arguments.turns
