@@ -15,6 +15,11 @@ one json.loads per event: the least any client can do) gives the unit the pipeli
     .venv/bin/python bench/concurrency.py --levels 25 50 100 200
     .venv/bin/python bench/concurrency.py --levels 50 --marginal 40 400
     .venv/bin/python bench/concurrency.py --levels 50 200 --workers 2
+    .venv/bin/python bench/concurrency.py --levels 50 200 --wire ws http
+
+`--wire` names the clients: `ws` (the cf_agent WebSocket, the default) or `http` (the AI SDK's HTTP
+chat wire: one POST per turn, its answer an SSE response, read line by line as useChat's transport
+reads it). Given both, each level runs once with each, in the same sitting.
 """
 
 from __future__ import annotations
@@ -63,12 +68,24 @@ def stamps(delta: str) -> list[float]:
     return found
 
 
-async def one_turn(port: int, numbers: int, rate: float, run: Run) -> bool:
+def count(chunk: dict[str, Any], now: float, run: Run) -> None:
+    if chunk.get("type") == "text-delta":
+        sent = stamps(chunk.get("delta", ""))
+        run.delivered += len(sent)
+        run.latencies.extend(now - t for t in sent)
+
+
+async def one_turn(port: int, numbers: int, rate: float, run: Run, http: Any = None) -> bool:
+    """One turn, sent and followed by a WebSocket client, or by `http` (an httpx client) over the
+    HTTP wire."""
     from tests.support import ChatClient, chat_request, user_message
+
+    prompt = f"count to {numbers} [rate {rate}] [stamp]"
+    if http is not None:
+        return await one_http_turn(http, port, prompt, run)
 
     async with ChatClient(port, f"cc-{uuid.uuid4().hex[:8]}") as client:
         request_id = uuid.uuid4().hex[:10]
-        prompt = f"count to {numbers} [rate {rate}] [stamp]"
         await client.send(chat_request(request_id, [user_message(prompt)]))
         while True:
             raw = await asyncio.wait_for(client.ws.recv(), 120)
@@ -78,11 +95,30 @@ async def one_turn(port: int, numbers: int, rate: float, run: Run) -> bool:
                 continue
             if frame.get("done"):
                 return frame.get("outcome") == "completed"
-            chunk = json.loads(frame["body"]) if frame.get("body") else {}
-            if chunk.get("type") == "text-delta":
-                sent = stamps(chunk.get("delta", ""))
-                run.delivered += len(sent)
-                run.latencies.extend(now - t for t in sent)
+            count(json.loads(frame["body"]) if frame.get("body") else {}, now, run)
+
+
+async def one_http_turn(http: Any, port: int, prompt: str, run: Run) -> bool:
+    """POST /ai/<agent> as useChat does, its SSE answer read to `data: [DONE]`."""
+    from tests.support import auth_headers, user_message
+
+    name = f"cc-{uuid.uuid4().hex[:8]}"
+    body = {"id": name, "messages": [user_message(prompt)], "trigger": "submit-message"}
+    finished = False
+    url = f"http://127.0.0.1:{port}/ai/assistant"
+    async with http.stream("POST", url, json=body, headers=auth_headers()) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"POST answered {response.status_code}: {(await response.aread())[:200]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            now = time.time()
+            if line == "data: [DONE]":
+                return finished
+            chunk = json.loads(line[6:])
+            finished = finished or chunk.get("type") == "finish"
+            count(chunk, now, run)
+    return False
 
 
 async def sample_rss(pids: Any, run: Run, stop: asyncio.Event) -> None:
@@ -94,17 +130,24 @@ async def sample_rss(pids: Any, run: Run, stop: asyncio.Event) -> None:
             pass
 
 
-async def level(port: int, turns: int, numbers: int, rate: float, meter: Any, worker_pids: Any) -> Run:
+async def level(
+    port: int, turns: int, numbers: int, rate: float, meter: Any, worker_pids: Any, wire: str = "ws"
+) -> Run:
+    import httpx
+
     run = Run(turns, numbers)
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample_rss(worker_pids, run, stop))
-    meter.start()
-    started = time.monotonic()
-    results = await asyncio.gather(
-        *(one_turn(port, numbers, rate, run) for _ in range(turns)), return_exceptions=True
-    )
-    run.elapsed = time.monotonic() - started
-    run.cpu = meter.stop()
+    limits = httpx.Limits(max_connections=turns + 10, max_keepalive_connections=turns + 10)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        http = client if wire == "http" else None
+        meter.start()
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(one_turn(port, numbers, rate, run, http) for _ in range(turns)), return_exceptions=True
+        )
+        run.elapsed = time.monotonic() - started
+        run.cpu = meter.stop()
     stop.set()
     await sampler
     run.completed = sum(1 for r in results if r is True)
@@ -181,32 +224,34 @@ async def main(args: argparse.Namespace) -> None:
                     procstat.Part("client", lambda: [os.getpid()]),
                 ]
             )
-            await level(port, 2, 10, args.rate, meter, worker_pids)  # warm-up
+            for wire in args.wire:
+                await level(port, 2, 10, args.rate, meter, worker_pids, wire)  # warm-up
             await asyncio.sleep(1)
             idle_rss = procstat.rss_bytes(worker_pids())
             lengths = args.marginal or [args.numbers]
             for turns in args.levels:
-                runs = []
-                for numbers in lengths:
-                    bare = await bare_read(model_url, turns, numbers, args.rate, meter)
-                    run = await level(port, turns, numbers, args.rate, meter, worker_pids)
-                    report(f"{turns} turns x {numbers} numbers", run, bare, idle_rss)
-                    print(
-                        f"  bare read of the same streams: client {bare.per_number_us('client'):.1f} us, "
-                        f"model {bare.per_number_us('model'):.1f} us per number",
-                        flush=True,
-                    )
-                    runs.append((run, bare))
-                    await asyncio.sleep(2)  # let the last turns' finishing work settle
-                if len(runs) == 2:
-                    marginal(turns, runs[0], runs[1])
+                for wire in args.wire:
+                    runs = []
+                    for numbers in lengths:
+                        bare = await bare_read(model_url, turns, numbers, args.rate, meter)
+                        run = await level(port, turns, numbers, args.rate, meter, worker_pids, wire)
+                        report(f"{wire}: {turns} turns x {numbers} numbers", run, bare, idle_rss)
+                        print(
+                            f"  bare read of the same streams: client {bare.per_number_us('client'):.1f} us, "
+                            f"model {bare.per_number_us('model'):.1f} us per number",
+                            flush=True,
+                        )
+                        runs.append((run, bare))
+                        await asyncio.sleep(2)  # let the last turns' finishing work settle
+                    if len(runs) == 2:
+                        marginal(f"{wire}: {turns}", runs[0], runs[1])
         finally:
             for proc in [daphne, *workers]:
                 proc.stop()
     print(f"\n{args.workers} worker process(es) x {args.threads} threads, at {args.rate} numbers/s per turn")
 
 
-def marginal(turns: int, short: tuple[Run, Run], long: tuple[Run, Run]) -> None:
+def marginal(turns: str, short: tuple[Run, Run], long: tuple[Run, Run]) -> None:
     (a, bare_a), (b, bare_b) = short, long
     extra = max(1, b.delivered - a.delivered)
     per = {name: (b.cpu[name] - a.cpu.get(name, 0.0)) / extra * 1e6 for name in b.cpu}
@@ -241,4 +286,5 @@ if __name__ == "__main__":
     parser.add_argument("--numbers", type=int, default=100)
     parser.add_argument("--marginal", type=int, nargs=2, metavar=("SHORT", "LONG"))
     parser.add_argument("--rate", type=float, default=20)
+    parser.add_argument("--wire", nargs="+", choices=["ws", "http"], default=["ws"])
     asyncio.run(main(parser.parse_args()))

@@ -76,8 +76,14 @@ def summary(values: list[float]) -> str:
 
 @contextmanager
 def log_dir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="thinkbench-") as path:
-        yield Path(path)
+    """The processes' logs, deleted at the end unless BENCH_KEEP_LOGS is set (then their path is printed)."""
+    if os.environ.get("BENCH_KEEP_LOGS"):
+        path = Path(tempfile.mkdtemp(prefix="thinkbench-"))
+        yield path
+        print(f"logs: {path}")
+        return
+    with tempfile.TemporaryDirectory(prefix="thinkbench-") as kept:
+        yield Path(kept)
 
 
 def logs_done(logs: Path, code: int, keep: bool) -> int:

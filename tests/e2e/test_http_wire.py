@@ -447,3 +447,52 @@ async def test_a_turn_queued_behind_another_answers_only_its_own(stack: Any) -> 
     transcript = await sync_to_async(stored)(name)
     assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
     assert second.chunks[0]["messageId"] == transcript[3]["id"]
+
+
+@pytest.fixture(scope="module")
+def persistent(stack: Any, log_dir: Path) -> Iterator[Any]:
+    """A daphne of the shared stack that keeps its database connections (CONN_MAX_AGE), as sites do."""
+    daphne, port = start_daphne({**stack.env, "DJANGO_CONN_MAX_AGE": "600"}, log_dir)
+    yield daphne, port
+    daphne.stop()
+
+
+def postgres_connections(pid: int) -> int:
+    """The established TCP connections to port 5432 that process `pid` holds (from /proc)."""
+    import os
+
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                sockets.add(target[len("socket:[") : -1])
+    found = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[2].endswith(":1538") and fields[3] == "01" and fields[9] in sockets:
+                    found += 1
+    return found
+
+
+async def test_open_answers_do_not_hold_a_database_connection_each(persistent: Any) -> None:
+    """An answer streams for as long as its turn runs; its database work runs on the process's shared
+    pool, not on a thread of the request's own, so a site with CONN_MAX_AGE does not hold one Postgres
+    connection per open answer (200 answers at once were refused by Postgres: too many clients)."""
+    import os
+
+    daphne, port = persistent
+    pool = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor: the shared pool
+    answers = pool + 6
+    url = f"http://127.0.0.1:{port}/ai/{AGENT}"
+    async with httpx.AsyncClient(timeout=60) as client, contextlib.AsyncExitStack() as held:
+        for _ in range(answers):  # each its own principal: the per-principal socket bound is not tested
+            headers = {"Authorization": f"Bearer {access_token(f'test:{uuid.uuid4().hex[:10]}')}"}
+            response = await held.enter_async_context(
+                client.stream("POST", url, json=body(new_name(), "count to 40 [rate 20]"), headers=headers)
+            )
+            assert response.status_code == 200
+        held_now = postgres_connections(daphne.popen.pid)
+    assert held_now <= pool + 2, f"{answers} open answers hold {held_now} Postgres connections"
