@@ -19,6 +19,8 @@ from recovery import operations
 from recovery.admin import OperatorAdmin
 from recovery.models import Fiber
 
+from .exceptions import ToolCallNotWaiting, UnknownAgent
+from .handle import conversation_handle
 from .models import Branch, Conversation, Message, PrincipalUsage, Submission, TokenRevocation, TurnCompletion
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
@@ -153,7 +155,14 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
     ]
     readonly_fields = ["created_at", "updated_at", "transcript"]
     inlines = [MessageInline]
-    actions = ["stop_everything", "force_recover", "give_up", "clear_recovering"]
+    actions = [
+        "stop_everything",
+        "approve_waiting",
+        "deny_waiting",
+        "force_recover",
+        "give_up",
+        "clear_recovering",
+    ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         open_incidents = Q(incidents__status__in=operations.OPEN_INCIDENTS)
@@ -202,6 +211,43 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
             f"{incidents} open incident(s).",
             messages.SUCCESS,
         )
+
+    @admin.action(description="Approve the tool calls waiting for approval", permissions=["operate"])
+    def approve_waiting(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
+        self._decide_waiting(request, queryset, approved=True)
+
+    @admin.action(description="Deny the tool calls waiting for approval", permissions=["operate"])
+    def deny_waiting(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
+        self._decide_waiting(request, queryset, approved=False)
+
+    def _decide_waiting(
+        self, request: HttpRequest, queryset: QuerySet[Conversation], *, approved: bool
+    ) -> None:
+        """Each waiting call through AgentHandle.approve / deny: the path of a client's approval."""
+        reason = "denied by an operator"
+
+        def decide(pk: int) -> list[str]:
+            try:
+                handle = conversation_handle(pk)
+            except (UnknownAgent, Conversation.DoesNotExist) as exc:
+                self.message_user(request, f"conversation {pk}: {exc!r}", messages.WARNING)
+                return []
+            decided = []
+            for call in handle.waiting_approvals():
+                try:
+                    if approved:
+                        handle.approve(call["toolCallId"])
+                    else:
+                        handle.deny(call["toolCallId"], reason)
+                except ToolCallNotWaiting as exc:  # decided by someone else meanwhile
+                    self.message_user(request, str(exc), messages.WARNING)
+                    continue
+                decided.append(call["toolCallId"])
+            return decided
+
+        done = self.run_each(request, queryset.values_list("pk", flat=True), decide)
+        verb = "Approved" if approved else "Denied"
+        self.message_user(request, f"{verb} {sum(len(d) for d in done)} tool call(s).", messages.SUCCESS)
 
     @admin.action(description="Force recovery now", permissions=["operate"])
     def force_recover(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:

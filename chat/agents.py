@@ -33,6 +33,7 @@ from .transcript.compaction import CompactionFunction, CompactionResult, Session
 from .transcript.repair import default_repair
 from .transcript.services import conversation_claim, conversation_get_or_create
 from .turn import llm
+from .turn.context import RunContext
 from .turn.errors import default_chat_error_classifier
 from .turn.loop import StepResult
 from .turn.overflow import ChatErrorContext, ContextOverflow, Proactive, default_context_overflow_classifier
@@ -68,6 +69,7 @@ __all__ = [
     "ChatRecoveryContext",
     "ChatRecoveryOptions",
     "ModelPrices",
+    "RunContext",
     "StepResult",
     "Think",
     "Tool",
@@ -75,6 +77,7 @@ __all__ = [
     "UnknownAgent",
     "agent_class",
     "agent_for",
+    "aopen_agent",
     "current_agent",
     "kebab",
     "open_agent",
@@ -145,6 +148,8 @@ class Think:
         self.name = name
         self.conversation_id = conversation_id
         self.turn: TurnContext | None = None  # set while this instance runs a turn
+        #: The running turn's RunContext (owner, user, request id, attempt); None outside a turn.
+        self.context: RunContext | None = None
         self._session: Session | None = None
 
     # -- get_*(): the options, for an agent that decides them per conversation ---------------------------
@@ -376,3 +381,9 @@ def open_agent(agent: str, name: str, *, owner: str | None = None) -> AgentHandl
     ):
         raise AccessDenied(f"conversation {agent}/{name} belongs to someone else")
     return AgentHandle(agent_for(agent, name, conversation.pk))
+
+
+async def aopen_agent(agent: str, name: str, *, owner: str | None = None) -> AgentHandle:
+    """open_agent() for async callers (an async view, a ninja endpoint): no sync_to_async needed. The
+    handle's sync methods raise Django's SynchronousOnlyOperation there; use their `a`-prefixed twins."""
+    return await db(open_agent, agent, name, owner=owner)

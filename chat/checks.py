@@ -279,6 +279,9 @@ def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
         found.append(
             (f"tools must be a list of Tool objects (made with @tool), got {tools!r}.", "E019", None)
         )
+    else:
+        hint = "Annotate its parameters with types pydantic can validate, or pass parameters={...}."
+        found.extend((f"{t.schema_error}.", "E029", hint) for t in tools if t.schema_error is not None)
     model = cls.model
     if not (
         model is None or (isinstance(model, str) and model) or (isinstance(model, dict) and "model" in model)

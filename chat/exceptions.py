@@ -93,3 +93,8 @@ class ResponseFailed(ThinkError):
 
 class ConversationLimit(ThinkError):
     """A principal who owns THINK["PRINCIPAL_MAX_CONVERSATIONS"] conversations asked for a new one."""
+
+
+class ToolCallNotWaiting(ThinkError, LookupError):
+    """An approval or a denial from code for a tool call that is not waiting for one: no such call, a
+    call that asks for no approval, or one already decided the other way (`AgentHandle.approve`)."""

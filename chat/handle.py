@@ -18,6 +18,7 @@ from recovery.fibers import conversation_busy
 from recovery.models import Fiber
 from recovery.runtime import db
 
+from .exceptions import ToolCallNotWaiting
 from .models import Conversation, Submission
 from .transcript.repair import pending_interaction
 from .transcript.selectors import chain_outcome, messages_list
@@ -47,6 +48,18 @@ def turn_wait(*, conversation_id: int, request_id: str, timeout: float | None = 
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"turn {request_id} still running after {timeout}s")
         time.sleep(POLL_S)
+
+
+async def aturn_wait(*, conversation_id: int, request_id: str, timeout: float | None = None) -> TurnResult:
+    """turn_wait for async callers: polls without holding a thread."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        outcome = await db(chain_outcome, conversation_id=conversation_id, root_request_id=request_id)
+        if outcome is not None:
+            return TurnResult(request_id, outcome)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"turn {request_id} still running after {timeout}s")
+        await asyncio.sleep(POLL_S)
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,19 @@ async def chat_run(
     transcript = await db(messages_list, conversation_id=conversation_id)
     last = transcript[-1] if transcript and transcript[-1]["role"] == "assistant" else None
     return ChatResult(started.request_id, result.status, last)
+
+
+MAX_DENIAL_REASON = 1000  # characters: the reason is stored with the call and read by the model
+MAX_TOOL_CALL_ID = 255
+
+
+@dataclass(frozen=True)
+class ToolDecision:
+    """What an approval or a denial from code did."""
+
+    status: str  # "applied"; "buffered" (the turn that asked was still storing it); "noop" (made already)
+    continuation_request_id: str | None = None  # the turn it started, once every call had its answer
+    refused: str = ""  # why that turn did not start: the owner's limit (the decision is stored)
 
 
 class AgentHandle:
@@ -171,6 +197,22 @@ class AgentHandle:
             return started
         return turn_wait(conversation_id=self.conversation_id, request_id=started.request_id, timeout=timeout)
 
+    async def asave_messages(
+        self, messages: MessagesOrFunction, *, wait: bool = True, timeout: float | None = None
+    ) -> TurnResult:
+        """save_messages() for async callers (an async view, a ninja endpoint)."""
+        started = await db(
+            turn_start_programmatic, conversation_id=self.conversation_id, messages=messages, timeout=timeout
+        )
+        if not wait:
+            return started
+        return await aturn_wait(
+            conversation_id=self.conversation_id, request_id=started.request_id, timeout=timeout
+        )
+
+    async def amessages(self) -> list[dict[str, Any]]:
+        return await db(self.messages)
+
     def continue_last_turn(
         self, body: dict[str, Any] | None = None, *, wait: bool = False, timeout: float | None = None
     ) -> TurnResult:
@@ -232,6 +274,59 @@ class AgentHandle:
 
         return switch_branch(self.conversation_id, anchor_message_id, index)
 
+    # -- approvals from code -----------------------------------------------------------------------------
+    def waiting_approvals(self) -> list[dict[str, Any]]:
+        """The tool calls of the stored transcript that wait for a human's approval, oldest first:
+        `{"toolCallId", "tool", "input", "messageId"}` each."""
+        from .transcript.folding import is_tool_part, tool_name_of
+
+        return [
+            {
+                "toolCallId": part.get("toolCallId"),
+                "tool": tool_name_of(part),
+                "input": part.get("input"),
+                "messageId": message["id"],
+            }
+            for message in self.messages()
+            if message["role"] == "assistant"
+            for part in message.get("parts") or []
+            if is_tool_part(part) and part.get("state") == "approval-requested"
+        ]
+
+    def approve(self, tool_call_id: str) -> ToolDecision:
+        """Approve a server tool's call that waits for approval, as a client's approval would: the
+        tool runs in the continuation this starts (once every call of its step has an answer), with no
+        socket open. Idempotent; raises ToolCallNotWaiting for a call that does not wait for approval
+        (unknown, a call that asks for none, or denied already)."""
+        return self._decide(tool_call_id, approved=True)
+
+    def deny(self, tool_call_id: str, reason: str | None = None) -> ToolDecision:
+        """Deny a call that waits for approval: the model is told (with `reason`, if any) and goes on."""
+        return self._decide(tool_call_id, approved=False, reason=reason)
+
+    async def aapprove(self, tool_call_id: str) -> ToolDecision:
+        return await db(self.approve, tool_call_id)
+
+    async def adeny(self, tool_call_id: str, reason: str | None = None) -> ToolDecision:
+        return await db(self.deny, tool_call_id, reason)
+
+    def _decide(self, tool_call_id: str, *, approved: bool, reason: str | None = None) -> ToolDecision:
+        from .turn.decisions import tool_decide
+
+        if not isinstance(tool_call_id, str) or not 0 < len(tool_call_id) <= MAX_TOOL_CALL_ID:
+            raise ToolCallNotWaiting(f"a tool call id is a string of 1 to {MAX_TOOL_CALL_ID} characters")
+        if reason is not None:
+            if not isinstance(reason, str) or len(reason) > MAX_DENIAL_REASON:
+                raise ValueError(f"a denial's reason is a string of at most {MAX_DENIAL_REASON} characters")
+            if any(ord(c) < 32 and c not in "\n\t" or ord(c) == 127 for c in reason):
+                raise ValueError("a denial's reason holds no control characters but newlines and tabs")
+        result = tool_decide(self.conversation_id, tool_call_id, approved=approved, reason=reason)
+        if result.status == "unknown":
+            raise ToolCallNotWaiting(f"no tool call {tool_call_id!r} in {self.agent.agent}/{self.name}")
+        if result.status == "refused":
+            raise ToolCallNotWaiting(result.problem)
+        return ToolDecision(result.status, result.continuation_request_id, result.refused)
+
     # -- durable submissions ----------------------------------------------------------------------------
     def submit_messages(
         self,
@@ -251,6 +346,10 @@ class AgentHandle:
             metadata=metadata,
         )
 
+    async def asubmit_messages(self, messages: Any, **options: Any) -> SubmitResult:
+        """submit_messages() for async callers (the same keyword arguments)."""
+        return await db(self.submit_messages, messages, **options)
+
     def cancel_submission(self, submission_id: str) -> bool:
         """Abort a pending or running submission; False when it had already ended."""
 
@@ -267,3 +366,11 @@ class AgentHandle:
         """Delete a finished submission (open ones are kept: False)."""
 
         return submission_delete(conversation_id=self.conversation_id, submission_id=submission_id)
+
+
+def conversation_handle(conversation_id: int) -> AgentHandle:
+    """The handle of a stored conversation, by its id (operators' tools: the admin, commands)."""
+    from .agents import agent_for
+
+    conversation = Conversation.objects.only("agent", "name").get(pk=conversation_id)
+    return AgentHandle(agent_for(conversation.agent, conversation.name, conversation.pk))

@@ -20,6 +20,7 @@ from chat.agents import (
     ContextOverflow,
     ModelPrices,
     Proactive,
+    RunContext,
     StepResult,
     Think,
     Tool,
@@ -205,12 +206,42 @@ def delete_file(tag: str) -> str:
     return f"deleted {tag}"
 
 
+@tool
+async def typed_add(ctx: RunContext, tag: str, a: int, b: int = 0) -> dict[str, Any]:
+    """Add two integers (a typed tool: its schema comes from these hints).
+
+    Args:
+        tag: The test's tag.
+        a: The first integer.
+        b: The second integer.
+    """
+    _ran(tag)
+    return {"sum": a + b, "call": ctx.tool_call_id}
+
+
+@tool
+def whoami(ctx: RunContext, tag: str) -> dict[str, Any]:
+    """What the tool's RunContext says of the running turn."""
+    _ran(tag)
+    user = ctx.user.get_username() if ctx.user is not None else None
+    return {
+        "owner": ctx.owner,
+        "user": user,
+        "conversation": ctx.conversation.name,
+        "agent": ctx.agent.name,
+        "request_id": ctx.request_id,
+        "attempt": ctx.attempt,
+        "call": ctx.tool_call_id,
+        "same_as_agent": ctx is not None and ctx.agent.context is not None and ctx.agent is current_agent(),
+    }
+
+
 class ToolAgent(Think):
     """Server tools, one needing approval; a conversation named `hold-*` pauses after each tool step
     (a window to kill the worker in); `ask_user` calls interrupted mid-way become a text part."""
 
     chat_recovery = ChatRecovery(max_attempts=5, stable_timeout_ms=1500, no_progress_timeout_ms=60_000)
-    tools = [add, lookup, explode, delete_file, bulky, leak, refuse]
+    tools = [add, lookup, explode, delete_file, bulky, leak, refuse, typed_add, whoami]
 
     async def on_step_finish(self, step: StepResult) -> None:
         if self.name.startswith("hold-") and step.tool_calls:

@@ -329,3 +329,55 @@ def test_a_user_who_is_not_staff_is_sent_to_the_login_page(client: Client) -> No
     response = client.get(url)
     assert response.status_code == 302
     assert response["Location"] == f"{reverse('admin:login')}?next={url}"
+
+
+def waiting_call(call_id: str) -> dict[str, Any]:
+    return {
+        "type": "tool-delete_file",
+        "toolCallId": call_id,
+        "state": "approval-requested",
+        "input": {"tag": call_id},
+        "approval": {"id": f"approval-{call_id}"},
+    }
+
+
+def test_approve_and_deny_the_waiting_tool_calls_from_the_conversation_changelist(
+    admin_client: Client,
+) -> None:
+    """Issue 36: the admin decides through AgentHandle.approve / deny, the path of a client's approval:
+    once every call of the step has its answer, the continuation is queued."""
+    approve_me, deny_me = make_conversation(agent="tool-agent"), make_conversation(agent="tool-agent")
+    for conversation, calls in ((approve_me, ["c-1", "c-2"]), (deny_me, ["c-3"])):
+        add(conversation, "u1", "user", [{"type": "text", "text": "go"}])
+        add(conversation, "a1", "assistant", [waiting_call(c) for c in calls])
+
+    html = post_action(admin_client, "think_chat_conversation", "approve_waiting", [approve_me.pk])
+    assert "Approved 2 tool call(s)." in html
+    parts = Message.objects.get(conversation=approve_me, message_id="a1").parts
+    assert [(p["state"], p["approval"]["approved"]) for p in parts] == [("approval-responded", True)] * 2
+    assert Fiber.objects.filter(conversation=approve_me, status=Fiber.Status.PENDING).count() == 1
+
+    html = post_action(admin_client, "think_chat_conversation", "deny_waiting", [deny_me.pk])
+    assert "Denied 1 tool call(s)." in html
+    [part] = Message.objects.get(conversation=deny_me, message_id="a1").parts
+    assert part["state"] == "output-denied"
+    assert part["approval"] == {
+        "id": "approval-c-3",
+        "approved": False,
+        "reason": "denied by an operator",
+    }
+
+    html = post_action(
+        admin_client, "think_chat_conversation", "approve_waiting", [approve_me.pk, deny_me.pk]
+    )
+    assert "Approved 0 tool call(s)." in html, "nothing waits any more"
+
+
+def test_deciding_waiting_tool_calls_needs_the_operate_permission(client: Client) -> None:
+    conversation = make_conversation(agent="tool-agent")
+    add(conversation, "a1", "assistant", [waiting_call("c-9")])
+    viewer = staff(client, "view_conversation")
+    assert "approve_waiting" not in page(viewer, reverse("admin:think_chat_conversation_changelist"))
+    post_action(viewer, "think_chat_conversation", "approve_waiting", [conversation.pk])
+    [part] = Message.objects.get(conversation=conversation, message_id="a1").parts
+    assert part["state"] == "approval-requested"

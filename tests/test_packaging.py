@@ -113,6 +113,7 @@ def test_dependencies_are_the_core_and_the_server_is_an_extra(wheel: zipfile.Zip
         "psycopg",
         "litellm",
         "prometheus-client",
+        "pydantic",
     }
     assert set(meta.get_all("Provides-Extra") or []) == {"server", "scripted", "demo", "otel", "dev"}
     assert extra(requires, "server") == {"daphne"}

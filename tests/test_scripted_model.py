@@ -581,6 +581,43 @@ def test_results_of_same_named_directives_count_by_their_arguments() -> None:
     assert planned_text(plan_reply(history, serial=3)) == "Tool lookup returned: A again"
 
 
+def test_then_calls_again_with_the_next_arguments_once_the_first_call_has_its_result() -> None:
+    """A model that corrects its input after a tool error: `[tool NAME {a} then {b}]`."""
+    prompt = user('[tool add {"a": "two"} then {"a": 2} then {"a": 3}] [tool other]')
+    first = planned_calls(plan_reply([prompt], serial=1))
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in first] == [
+        ("add", {"a": "two"}),
+        ("other", {}),
+    ]
+    history = [
+        prompt,
+        call_message(first),
+        tool_result("call_1_0", "Error: a: bad"),
+        tool_result("call_1_1", "ok"),
+    ]
+
+    [second] = planned_calls(plan_reply(history, serial=2))  # "other" is done; "add" has 1 result of 3
+    assert json.loads(second["function"]["arguments"]) == {"a": 2}
+    history += [call_message([second]), tool_result(second["id"], "still bad")]
+    [third] = planned_calls(plan_reply(history, serial=3))
+    assert json.loads(third["function"]["arguments"]) == {"a": 3}
+    history += [call_message([third]), tool_result(third["id"], "3")]
+
+    assert planned_text(plan_reply(history, serial=4)) == "Tool add returned: 3"
+
+
+@pytest.mark.parametrize(
+    ("directive", "message"),
+    [
+        ('[tool f {} then {"a": 1} times 2]', "'then' and 'times' cannot be combined"),
+        ("[tool f {} then {oops}]", "'then' arguments are not valid JSON"),
+    ],
+)
+def test_bad_then_is_refused(directive: str, message: str) -> None:
+    with pytest.raises(BadRequestError, match=re.escape(message)):
+        plan_reply([user(directive)])
+
+
 def test_a_tool_directive_inside_json_arguments_is_not_a_directive() -> None:
     calls = planned_calls(plan_reply([user('[tool note {"text": "[tool other]"}]')]))
 

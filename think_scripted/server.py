@@ -61,6 +61,10 @@ text, combinable):
   its call's (parsed, so re-serialized arguments match), else for the first of them. A ``times`` that is
   not a whole number >= 1 (``times 0``, ``times x``, a bare ``times``), invalid JSON arguments or a
   missing ``]`` make the request an HTTP 400 ``invalid_request_error`` naming the directive.
+* ``[tool NAME {json} then {json2} ...]`` -- a model that corrects its input: the first call has the
+  first arguments; once it has a result, the next call has the next arguments, and so on (``times`` is
+  the number of argument objects, and the two cannot be combined). Its results count for it whichever
+  arguments their call had.
 * tool results -- once ``role: "tool"`` messages follow the prompt and no directive needs more results,
   the reply is text built from the LATEST batch: the tool messages after the last assistant message with
   ``tool_calls`` before the last tool message (all tool messages after the prompt if there is none), in
@@ -184,6 +188,7 @@ _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
 _NO_FINISH_RE = re.compile(r"\[no finish(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _WINDOW_RE = re.compile(r"\[window\b\s*([^\]\s]*)\s*(\])?", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
+_THEN_RE = re.compile(r"\s*then\s+(?=\{)", re.IGNORECASE)
 _TOOL_END_RE = re.compile(r"\s*(?:times\b\s*([^\]\s]*)\s*)?\]", re.IGNORECASE)
 _INT_RE = re.compile(r"\d+")
 _WORD_RE = re.compile(r"\s*\S+")
@@ -233,9 +238,21 @@ class ToolDirective:
     name: str
     arguments: str = "{}"
     times: int = 1
+    later: tuple[str, ...] = ()  # ``then {json}``: the arguments of the second call, the third, ...
 
     def __str__(self) -> str:
+        if self.later:
+            return f"{self.name} {self.arguments}" + "".join(f" then {a}" for a in self.later)
         return f"{self.name} {self.arguments}" + (f" times {self.times}" if self.times != 1 else "")
+
+    def call(self, results: int) -> ToolDirective:
+        """The directive as its next call makes it, after `results` results."""
+        if not self.later or results == 0:
+            return self
+        return dataclasses.replace(self, arguments=self.later[min(results, len(self.later)) - 1])
+
+    def all_arguments(self) -> list[Any]:
+        return [json.loads(a) for a in (self.arguments, *self.later)]
 
 
 @dataclass(frozen=True)
@@ -391,7 +408,18 @@ def _parse_tool(text: str, match: re.Match[str]) -> tuple[ToolDirective, int]:
             arguments, end = json.JSONDecoder().raw_decode(text, end)
         except json.JSONDecodeError as exc:
             raise BadRequestError(f"[tool {name}]: arguments are not valid JSON: {exc}") from exc
+    later: list[str] = []
+    while (then := _THEN_RE.match(text, end)) is not None:
+        try:
+            more, end = json.JSONDecoder().raw_decode(text, then.end())
+        except json.JSONDecodeError as exc:
+            raise BadRequestError(f"[tool {name}]: 'then' arguments are not valid JSON: {exc}") from exc
+        later.append(json.dumps(more))
     tail = _TOOL_END_RE.match(text, end)
+    if later and tail is not None and tail.group(1) is not None:
+        raise BadRequestError(f"[tool {name}]: 'then' and 'times' cannot be combined")
+    if later and tail is not None:
+        return ToolDirective(name, json.dumps(arguments), 1 + len(later), tuple(later)), tail.end()
     if tail is None:
         raise BadRequestError(f"[tool {name}]: expected ']' or 'times K]' after the arguments")
     times = tail.group(1)
@@ -443,7 +471,7 @@ def _directive_of(tools: tuple[ToolDirective, ...], messages: list[Json], tool_m
     candidates = [i for i, tool in enumerate(tools) if tool.name == name]
     if len(candidates) > 1:
         arguments = _json_value((_call_of(messages, tool_message) or {}).get("arguments"))
-        candidates = [i for i in candidates if json.loads(tools[i].arguments) == arguments] or candidates
+        candidates = [i for i in candidates if arguments in tools[i].all_arguments()] or candidates
     return candidates[0] if candidates else None
 
 
@@ -454,7 +482,7 @@ def _pending_tools(directives: Directives, messages: list[Json], prompt: int) ->
         index = _directive_of(directives.tools, messages, message) if message.get("role") == "tool" else None
         if index is not None:
             results[index] += 1
-    return [tool for tool, n in zip(directives.tools, results, strict=True) if n < tool.times]
+    return [tool.call(n) for tool, n in zip(directives.tools, results, strict=True) if n < tool.times]
 
 
 def _latest_batch(messages: list[Json], prompt: int, last_tool: int) -> list[Json]:

@@ -3,29 +3,41 @@ its client tools. Not part of the apps: a host site writes its own agents like t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from chat.agents import Think, tool
+from pydantic import Field
+
+from chat.agents import RunContext, Think, tool
 
 
-@tool(parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
-def get_weather(city: str) -> dict[str, Any]:
-    """The weather in a city (a demo: made up, but the same for the same city)."""
+@tool
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> dict[str, Any]:
+    """The weather in a city (a demo: made up, but the same for the same city).
+
+    Args:
+        city: The city's name, e.g. "Paris".
+        unit: The temperature's unit.
+    """
     seed = sum(map(ord, city.lower()))
-    return {"city": city, "celsius": seed % 35 - 5, "sky": ("clear", "cloudy", "rain", "snow")[seed % 4]}
+    celsius = seed % 35 - 5
+    temperature = celsius if unit == "celsius" else round(celsius * 9 / 5 + 32)
+    return {"city": city, unit: temperature, "sky": ("clear", "cloudy", "rain", "snow")[seed % 4]}
 
 
-@tool(
-    parameters={
-        "type": "object",
-        "properties": {"to": {"type": "string"}, "subject": {"type": "string"}},
-        "required": ["to", "subject"],
-    },
-    needs_approval=True,
-)
-def send_email(to: str, subject: str) -> str:
-    """Send an email (a demo: a person approves each call, and nothing is really sent)."""
-    return f"Email to {to} about {subject!r} queued (demo: nothing was sent)."
+@tool(needs_approval=True)
+def send_email(
+    ctx: RunContext,
+    to: Annotated[str, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")],
+    subject: Annotated[str, Field(max_length=200)],
+) -> str:
+    """Send an email (a demo: a person approves each call, and nothing is really sent).
+
+    Args:
+        to: The recipient's address.
+        subject: The subject line.
+    """
+    sender = ctx.user.get_username() if ctx.user is not None else (ctx.owner or "the site")
+    return f"Email from {sender} to {to} about {subject!r} queued (demo: nothing was sent)."
 
 
 class Assistant(Think):

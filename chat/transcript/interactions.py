@@ -72,7 +72,23 @@ def approval_update(part: Part, update: dict[str, Any]) -> Part | None:
     approved = bool(update.get("approved"))
     approval = {**(part.get("approval") or {}), "approved": approved}
     approval.setdefault("id", part.get("toolCallId"))
+    if update.get("reason"):
+        approval["reason"] = str(update["reason"])
     return {**part, "state": "approval-responded" if approved else "output-denied", "approval": approval}
+
+
+def decision_problem(part: Part, update: dict[str, Any]) -> str | None:
+    """Why a decision from code (`update["strict"]`) cannot apply to `part`; None when it can, or when
+    the same decision was made already (nothing to do)."""
+    state, approved = part.get("state"), bool(update.get("approved"))
+    decided = (part.get("approval") or {}).get("approved")
+    if state == "approval-requested":
+        return None
+    if decided is not None and bool(decided) == approved:
+        return None  # made already, maybe run already: the same answer again changes nothing
+    if decided is not None:
+        return f"tool call {update['toolCallId']!r} was {'approved' if decided else 'denied'} already"
+    return f"tool call {update['toolCallId']!r} is not waiting for an approval (it is {state})"
 
 
 UPDATERS: dict[str, Callable[[Part, dict[str, Any]], Part | None]] = {
@@ -105,6 +121,8 @@ def _apply(conversation: Conversation, update: dict[str, Any]) -> tuple[str, Mes
     if update["kind"] == "result" and server_tool_call(message.parts[index], update):
         logger.warning("a client's result for server tool call %s refused", update["toolCallId"])
         return "refused", None
+    if update.get("strict") and decision_problem(message.parts[index], update) is not None:
+        return "refused", message
     new_part = UPDATERS[update["kind"]](message.parts[index], update)
     if new_part is None:
         return "noop", message
@@ -113,6 +131,18 @@ def _apply(conversation: Conversation, update: dict[str, Any]) -> tuple[str, Mes
     if update.get("autoContinue"):
         conversation.continue_armed = message.message_id
     return "applied", message
+
+
+def _buffered_decision_problem(conversation: Conversation, update: dict[str, Any]) -> str:
+    """A decision from code for a call whose other answer already waits for its turn: refused."""
+    if not update.get("strict"):
+        return ""
+    for waiting in conversation.tool_updates:
+        if waiting.get("toolCallId") == update["toolCallId"] and waiting.get("kind") == update["kind"]:
+            if bool(waiting.get("approved")) != bool(update.get("approved")):
+                decided = "approved" if waiting.get("approved") else "denied"
+                return f"tool call {update['toolCallId']!r} was {decided} already"
+    return ""
 
 
 def continuation_due(conversation: Conversation, message: Message) -> bool:
@@ -148,11 +178,15 @@ def interaction_apply(
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(pk=conversation_id)
         status, message = _apply(conversation, update)
+        if status == "refused" and message is not None:  # a decision from code, for a call not waiting
+            part = next(p for p in message.parts if p.get("toolCallId") == update["toolCallId"])
+            return InteractionResult(status, problem=decision_problem(part, update) or "")
         if status == "refused":
             return InteractionResult(status, problem=SERVER_TOOL_PROBLEM.format(update["toolCallId"]))
         if status == "unknown" and turn_in_flight(conversation):
             if already_buffered(conversation, update):
-                return InteractionResult("noop")
+                problem = _buffered_decision_problem(conversation, update)
+                return InteractionResult("refused", problem=problem) if problem else InteractionResult("noop")
             problem = buffer_refusal(conversation, update)
             if problem:
                 logger.warning("answer for tool call %s refused: %s", update["toolCallId"], problem)
@@ -225,6 +259,33 @@ def tool_approval_apply(
             "toolCallId": approval.tool_call_id,
             "approved": approval.approved,
             "autoContinue": approval.auto_continue,
+        },
+    )
+
+
+def tool_decision_apply(
+    *,
+    conversation_id: int,
+    tool_call_id: str,
+    approved: bool,
+    reason: str | None = None,
+    announce: Announce | None = None,
+) -> InteractionResult:
+    """A decision from code (`AgentHandle.approve` / `deny`, the admin, `manage.py think_approve`): the
+    wire's approval, made strict. It applies only to a call waiting for approval (or already decided
+    the same way: "noop"); another call is "refused" with the problem, an unknown one is "unknown".
+    The continuation it completes belongs to no connection and is within no principal's limit but the
+    conversation owner's, as an approval from the owner's socket would be."""
+    return interaction_apply(
+        conversation_id=conversation_id,
+        announce=announce,
+        update={
+            "kind": "approval",
+            "strict": True,
+            "toolCallId": tool_call_id,
+            "approved": approved,
+            "reason": reason,
+            "autoContinue": True,
         },
     )
 

@@ -60,7 +60,8 @@ def _tool_output_text(part: dict[str, Any]) -> str:
     if part.get("state") == "output-error":
         return f"Error: {part.get('errorText', '')}"
     if part.get("state") == "output-denied":
-        return "The user denied this tool call."
+        reason = (part.get("approval") or {}).get("reason")
+        return f"The user denied this tool call: {reason}" if reason else "The user denied this tool call."
     output = part.get("output")
     return output if isinstance(output, str) else json.dumps(output)
 

@@ -29,7 +29,7 @@ from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
 from .pricing import needs_litellm, step_cost
-from .tools import Tool, ToolOutcome, Toolset, tool_execute
+from .tools import Tool, ToolOutcome, Toolset, input_problem, tool_execute
 
 if TYPE_CHECKING:
     from ..agents import Think
@@ -273,6 +273,9 @@ class ModelLoop:
             elif item.is_client:
                 tracing.tool_not_run(call.name, call.id, "client")
                 waiting = True
+            elif item.needs_approval and (problem := input_problem(item, call.input)) is not None:
+                tracing.tool_not_run(call.name, call.id, "invalid_input")
+                await self.emit(ToolOutcome(error_text=problem).chunk(call.id))
             elif item.needs_approval:
                 tracing.tool_not_run(call.name, call.id, "approval_requested")
                 approval = {
@@ -293,7 +296,10 @@ class ModelLoop:
 
     async def _execute(self, item: Tool, tool_call_id: str, tool_input: Any) -> ToolOutcome:
         with tracing.tool_span(item.name, tool_call_id) as span:
-            outcome = await tool_execute(item, tool_input)
+            context = self.agent.context
+            outcome = await tool_execute(
+                item, tool_input, context.for_call(tool_call_id) if context else None
+            )
             if outcome.failure is not None:  # a bug or an outage: recorded, and named only by its id
                 outcome = await faults.tool_failed(
                     outcome,

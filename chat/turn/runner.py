@@ -47,6 +47,7 @@ from ..wire import broadcast
 from ..wire.protocol import chunk_framer, response_frame
 from . import errors, faults, llm, tracing
 from .chunking import UI_CHUNK_POLICY
+from .context import run_context_load
 from .continuation import settle_recovered_turn
 from .llm import Usage
 from .loop import ModelLoop
@@ -185,7 +186,7 @@ class TurnRunner:
             if self.writer is not None:
                 flusher().unregister(self.writer)
             current_agent_var.reset(token)
-            agent.turn = None
+            agent.turn = agent.context = None
             self._emit_event(
                 "chat:turn:finish",
                 {
@@ -307,6 +308,13 @@ class TurnRunner:
         return kind if kind in errors.RECOVERABLE else None
 
     async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
+        agent.context = await db(
+            run_context_load,
+            agent=agent,
+            conversation_id=self.conversation_id,
+            request_id=self.request_id,
+            incident_id=self.incident_id,
+        )
         toolset = Toolset(agent.get_tools(), self.client_tools)
         overflow = agent.get_context_overflow()
         attempt = 0

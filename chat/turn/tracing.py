@@ -129,7 +129,8 @@ def tool_ended(span: Span | None, outcome: ToolOutcome) -> None:
 
 
 def tool_not_run(name: str, call_id: str, outcome: str) -> None:
-    """A call the worker does not run: "unknown_tool", "client" (the client answers it) or
-    "approval_requested" (a human decides first)."""
+    """A call the worker does not run: "unknown_tool", "client" (the client answers it),
+    "approval_requested" (a human decides first) or "invalid_input" (its input does not fit the tool's
+    types: the model is told, and no human is asked to approve it)."""
     with tool_span(name, call_id) as span:
         tracing.annotate(span, {"think.tool.outcome": outcome})

@@ -248,7 +248,7 @@ async def test_a_tool_runs(site: Site, session: str) -> None:
     async with client(site, name, session) as chat:
         await chat.send(chat_request("t1", [user_message('[tool order_status {"order": "A-17"}]')]))
         log = await chat.follow("t1", timeout=30)
-    assert log.errors == [] and log.text == "Tool order_status returned: Order A-17 ships tomorrow."
+    assert log.errors == [] and log.text == "Tool order_status returned: Order A-17 of admin ships tomorrow."
     [part] = [
         p for m in transcript(site, name, session) for p in m["parts"] if p["type"] == "tool-order_status"
     ]

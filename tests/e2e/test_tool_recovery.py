@@ -127,15 +127,20 @@ async def test_a_kill_while_a_client_tool_is_pending_parks_then_resumes_with_the
     assert assistant_text(messages) == 'Tool get_location returned: {"city": "Oslo"}'
 
 
+async def approval_asked(client: ChatClient, t: str) -> tuple[ConversationLog, dict[str, Any]]:
+    """Send a call of `delete_file` (it needs approval) and read on until the approval is asked."""
+    await client.send(chat_request("turn-1", [user_message(f"[tool delete_file {json.dumps({'tag': t})}]")]))
+    log = await follow_conversation(client, until=chunk_seen("tool-approval-request"), timeout=30)
+    request = next(c for _, c in log.streams["turn-1"].chunks if c["type"] == "tool-approval-request")
+    return log, request
+
+
 async def test_a_kill_during_an_approval_runs_the_approved_tool_once(recovery_stack: Any) -> None:
     worker = recovery_stack.start_worker()
     t = tag()
     name = f"hold-{t}"
     async with ChatClient(recovery_stack.port, name, AGENT) as client:
-        prompt = f"[tool delete_file {json.dumps({'tag': t})}]"
-        await client.send(chat_request("turn-1", [user_message(prompt)]))
-        log = await follow_conversation(client, until=chunk_seen("tool-approval-request"), timeout=30)
-        request = next(c for _, c in log.streams["turn-1"].chunks if c["type"] == "tool-approval-request")
+        log, request = await approval_asked(client, t)
         worker.kill(signal.SIGKILL)
         # Answered before recovery even noticed: the answer waits for the interrupted turn's message.
         await client.send(
@@ -155,3 +160,37 @@ async def test_a_kill_during_an_approval_runs_the_approved_tool_once(recovery_st
     assert await sync_to_async(tool_runs)(t) == 1
     conversation = await Conversation.objects.aget(agent=AGENT, name=name)
     assert conversation.tool_updates == [] and conversation.continue_armed == ""
+
+
+async def test_a_turn_parked_on_an_approval_across_a_worker_kill_resumes_when_code_approves(
+    recovery_stack: Any,
+) -> None:
+    """Issue 36: the worker dies while the turn waits for an approval; recovery parks on the human; the
+    approval comes from code (AgentHandle.aapprove) with no socket open, and the tool runs once."""
+    from chat.agents import aopen_agent
+    from chat.handle import aturn_wait
+
+    worker = recovery_stack.start_worker()
+    t = tag()
+    name = f"hold-{t}"
+    async with ChatClient(recovery_stack.port, name, AGENT) as client:
+        _, request = await approval_asked(client, t)
+    worker.kill(signal.SIGKILL)  # held after its tool step: the request is stored, no finish
+    await asyncio.to_thread(recovery_stack.start_worker)
+    await asyncio.to_thread(wait_until, lambda: parked(name), 30, "recovery to park on the human")
+
+    handle = await aopen_agent(AGENT, name)
+    waiting = await sync_to_async(handle.waiting_approvals)()
+    assert [(c["toolCallId"], c["tool"], c["input"]) for c in waiting] == [
+        (request["toolCallId"], "delete_file", {"tag": t})
+    ]
+    decision = await handle.aapprove(request["toolCallId"])
+    assert decision.status == "applied" and decision.continuation_request_id
+    result = await aturn_wait(
+        conversation_id=handle.conversation_id, request_id=decision.continuation_request_id, timeout=60
+    )
+    assert result.status == "completed"
+    messages = await sync_to_async(transcript)(name)
+    assert [m["role"] for m in messages] == ["user", "assistant"], "the continuation extended the partial"
+    assert assistant_text(messages) == f"Tool delete_file returned: deleted {t}"
+    assert await sync_to_async(tool_runs)(t) == 1

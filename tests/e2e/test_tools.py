@@ -430,3 +430,186 @@ async def test_a_client_tool_batch_continues_only_once_every_call_is_answered(st
         followed.streams[continuation_id].text
         == "Tool get_location returned: 0; Tool get_location returned: 1"
     )
+
+
+async def test_a_typed_tool_reads_its_run_context_and_the_model_its_schema(
+    stack: Any, scripted_model: Any
+) -> None:
+    """Issue 36: the tool asks for a RunContext (owner, Django user, conversation, request id, attempt,
+    call id); the model was offered the schema its type hints make, without the context parameter."""
+    from django.contrib.auth import get_user_model
+
+    from tests.agents import whoami
+
+    user = await sync_to_async(get_user_model().objects.create_user)(f"u{uuid.uuid4().hex[:8]}")
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT, principal=f"user:{user.pk}") as client:
+        request_id, log = await run_turn(client, tool_prompt("whoami", tag=t))
+    assert log.done is not None and log.done["outcome"] == "completed"
+    call_id = next(c for _, c in log.chunks if c["type"] == "tool-input-available")["toolCallId"]
+    output = next(c for _, c in log.chunks if c["type"] == "tool-output-available")["output"]
+    assert output == {
+        "owner": f"user:{user.pk}",
+        "user": user.get_username(),
+        "conversation": name,
+        "agent": name,
+        "request_id": request_id,
+        "attempt": 0,
+        "call": call_id,
+        "same_as_agent": True,
+    }
+    offered = [
+        t["function"]
+        for body in scripted_model.requests
+        if name in json.dumps(body.get("messages"))
+        for t in body.get("tools") or []
+        if t["function"]["name"] == "whoami"
+    ]
+    assert offered and offered[0]["parameters"] == whoami.parameters
+    assert list(offered[0]["parameters"]["properties"]) == ["tag"] and offered[0]["parameters"][
+        "required"
+    ] == ["tag"]
+    assert offered[0]["description"] == "What the tool's RunContext says of the running turn."
+
+
+async def test_a_model_corrects_the_input_a_typed_tool_refused(stack: Any) -> None:
+    """Issue 36: input that does not fit the hints goes back to the model as a tool error it can act on
+    (never to the user as a failure, and the tool does not run); the model's corrected call is converted
+    ("3" to 3) and runs once."""
+    t = tag()
+    name = f"tools-{t}"
+    wrong, right = {"tag": t, "a": "two"}, {"tag": t, "a": 2, "b": "3"}
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, log = await run_turn(client, f"[tool typed_add {json.dumps(wrong)} then {json.dumps(right)}]")
+    assert log.errors == [] and log.done is not None and log.done["outcome"] == "completed"
+    error = next(c for _, c in log.chunks if c["type"] == "tool-output-error")
+    assert error["errorText"] == (
+        "Invalid input for tool typed_add: a: "
+        "Input should be a valid integer, unable to parse string as an integer"
+    )
+    output = next(c for _, c in log.chunks if c["type"] == "tool-output-available")
+    assert output["output"] == {"sum": 5, "call": output["toolCallId"]}
+    assert log.text == f'Tool typed_add returned: {{"sum": 5, "call": "{output["toolCallId"]}"}}'
+    assert await sync_to_async(tool_runs)(t) == 1, "the refused input never reached the function"
+
+    messages = await transcript(name)
+    first, second = tool_parts(messages[1])
+    assert (first["state"], first["input"], first["errorText"]) == ("output-error", wrong, error["errorText"])
+    assert (second["state"], second["input"], second["output"]["sum"]) == ("output-available", right, 5)
+
+
+async def test_an_approval_from_code_runs_the_tool_with_no_socket_open(stack: Any) -> None:
+    """Issue 36: AgentHandle.aapprove goes the way of a client's approval; it is idempotent, refuses a
+    call that does not wait for approval, and a sync call from async code raises, not hangs."""
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    from chat.agents import aopen_agent
+    from chat.exceptions import ToolCallNotWaiting
+    from chat.handle import aturn_wait
+
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        _, request = await approval_turn(client, t)
+    call = request["toolCallId"]
+    handle = await aopen_agent(AGENT, name)
+    with pytest.raises(SynchronousOnlyOperation):
+        handle.approve(call)
+    with pytest.raises(ToolCallNotWaiting, match="no tool call 'call-made-up'"):
+        await handle.aapprove("call-made-up")
+
+    decision = await handle.aapprove(call)
+    assert decision.status == "applied" and decision.continuation_request_id
+    result = await aturn_wait(
+        conversation_id=handle.conversation_id, request_id=decision.continuation_request_id, timeout=30
+    )
+    assert result.status == "completed"
+    messages = await transcript(name)
+    assert assistant_text(messages) == f"Tool delete_file returned: deleted {t}"
+    assert await sync_to_async(tool_runs)(t) == 1
+
+    assert (await handle.aapprove(call)).status == "noop", "the same answer again changes nothing"
+    with pytest.raises(ToolCallNotWaiting, match="was approved already"):
+        await handle.adeny(call, "too late")
+    assert await sync_to_async(handle.waiting_approvals)() == []
+    assert await sync_to_async(tool_runs)(t) == 1, "run once"
+
+    other = tag()
+    async with ChatClient(stack.port, f"tools-{other}", AGENT) as client:
+        _, ran = await run_turn(client, tool_prompt("add", tag=other, a=1, b=1))
+    added = next(c for _, c in ran.chunks if c["type"] == "tool-output-available")["toolCallId"]
+    with pytest.raises(
+        ToolCallNotWaiting, match=r"is not waiting for an approval \(it is output-available\)"
+    ):
+        await (await aopen_agent(AGENT, f"tools-{other}")).aapprove(added)
+
+
+def command(*args: str) -> str:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+async def test_a_denial_from_manage_py_tells_the_model_why_and_every_tab_hears_of_it(stack: Any) -> None:
+    from django.core.management.base import CommandError
+
+    t = tag()
+    name = f"tools-{t}"
+    async with ChatClient(stack.port, name, AGENT) as client:
+        request_id, request = await approval_turn(client, t)
+        call = request["toolCallId"]
+        listed = await sync_to_async(command)("think_approve", f"{AGENT}/{name}")
+        assert listed == f'{call}  delete_file {{"tag": "{t}"}}\n'
+        with pytest.raises(CommandError, match="--reason goes with --deny"):
+            await sync_to_async(command)("think_approve", f"{AGENT}/{name}", call, "--reason", "x")
+        with pytest.raises(CommandError, match="a denial's reason is a string of at most 1000 characters"):
+            await sync_to_async(command)(
+                "think_approve", f"{AGENT}/{name}", call, "--deny", "--reason", "x" * 1001
+            )
+        said = await sync_to_async(command)(
+            "think_approve", f"{AGENT}/{name}", call, "--deny", "--reason", "not on a Friday"
+        )
+        assert said.startswith(f"Denied {call}. The turn continues as ")
+        updated = await client.recv_type("cf_agent_message_updated")  # the open tab hears of it
+        [decided] = tool_parts(updated["message"])
+        assert decided["state"] == "output-denied" and decided["approval"]["reason"] == "not on a Friday"
+        followed = await follow_conversation(client, until=continued, timeout=30)
+    [continuation_id] = [r for r in followed.order if r != request_id]
+    assert followed.streams[continuation_id].text == (
+        "Tool delete_file returned: The user denied this tool call: not on a Friday"
+    )
+    assert await sync_to_async(tool_runs)(t) == 0
+    again = await sync_to_async(command)("think_approve", f"{AGENT}/{name}", call, "--deny")
+    assert again == f"Denied already: {call} (nothing changed).\n"
+    with pytest.raises(CommandError, match="was denied already"):
+        await sync_to_async(command)("think_approve", f"{AGENT}/{name}", call)
+    with pytest.raises(CommandError, match="no conversation"):
+        await sync_to_async(command)("think_approve", f"{AGENT}/nobody-{t}")
+    listed = await sync_to_async(command)("think_approve", f"{AGENT}/{name}")
+    assert listed == f"No tool call of {AGENT}/{name} waits for approval.\n"
+
+
+async def test_an_approval_is_asked_only_for_input_the_tool_accepts(stack: Any) -> None:
+    """Issue 36: nobody is asked to approve a call the tool would refuse; the model hears why, corrects
+    it, and the corrected call is the one that waits for approval."""
+    name = f"tools-{tag()}"
+    bad, good = {"to": "nobody", "subject": "hi"}, {"to": "a@b.c", "subject": "hi"}
+    async with ChatClient(stack.port, name, "assistant") as client:
+        _, log = await run_turn(client, f"[tool send_email {json.dumps(bad)} then {json.dumps(good)}]")
+    assert log.done is not None and log.done["outcome"] == "completed"
+    error = next(c for _, c in log.chunks if c["type"] == "tool-output-error")
+    assert error["errorText"].startswith("Invalid input for tool send_email: to: String should match pattern")
+    [request] = [c for _, c in log.chunks if c["type"] == "tool-approval-request"]
+    assert request["toolCallId"] != error["toolCallId"]
+    from chat.transcript.selectors import messages_list
+
+    conversation = await Conversation.objects.aget(agent="assistant", name=name)
+    messages = await sync_to_async(messages_list)(conversation_id=conversation.pk)
+    first, second = tool_parts(messages[1])
+    assert (first["state"], first["input"]) == ("output-error", bad)
+    assert (second["state"], second["input"]) == ("approval-requested", good)
