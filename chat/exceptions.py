@@ -98,3 +98,8 @@ class ConversationLimit(ThinkError):
 class ToolCallNotWaiting(ThinkError, LookupError):
     """An approval or a denial from code for a tool call that is not waiting for one: no such call, a
     call that asks for no approval, or one already decided the other way (`AgentHandle.approve`)."""
+
+
+class ToolSchemaError(ThinkError, TypeError):
+    """A tool function's signature cannot become a JSON Schema (its Tool's `schema_error`, reported by
+    `manage.py check` as think_chat.E029)."""

@@ -21,15 +21,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from ..exceptions import ToolSchemaError
 from .context import RunContext
 
 _ARGS_HEADING = re.compile(r"^(Args|Arguments|Parameters|Params):\s*$")
 _GOOGLE_ARG = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 _SPHINX_PARAM = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
-
-
-class SchemaError(Exception):
-    """The tool's parameters cannot become a JSON Schema (reported by `manage.py check`)."""
 
 
 @dataclass(frozen=True)
@@ -111,12 +108,12 @@ def read_signature(func: Callable[..., Any], *, build_schema: bool) -> Signature
     except (TypeError, ValueError) as exc:
         if not build_schema:
             return Signature(None, None, True)
-        raise SchemaError(f"its signature cannot be read: {exc}") from exc
+        raise ToolSchemaError(f"its signature cannot be read: {exc}") from exc
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception as exc:  # an unresolvable forward reference, say
         if build_schema:
-            raise SchemaError(f"its type hints cannot be resolved: {exc}") from exc
+            raise ToolSchemaError(f"its type hints cannot be resolved: {exc}") from exc
         hints = {}
     _, described = docstring_parts(func)
     fields: dict[str, Any] = {}
@@ -126,16 +123,16 @@ def read_signature(func: Callable[..., Any], *, build_schema: bool) -> Signature
         annotation = hints.get(name, param.annotation)
         if is_context(_bare(annotation)):
             if index != 0:
-                raise SchemaError(f"RunContext must be its first parameter, not {name!r}")
+                raise ToolSchemaError(f"RunContext must be its first parameter, not {name!r}")
             context_param = name
             continue
         if not build_schema:  # a schema written by hand: the input is bound as it was before
             extra = extra or param.kind is inspect.Parameter.VAR_KEYWORD
             continue
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            raise SchemaError(f"*{name}: a tool is called with keyword arguments only")
+            raise ToolSchemaError(f"*{name}: a tool is called with keyword arguments only")
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:
-            raise SchemaError(f"{name!r} is positional-only: a tool is called with keyword arguments")
+            raise ToolSchemaError(f"{name!r} is positional-only: a tool is called with keyword arguments")
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             extra = True
             continue
@@ -153,7 +150,7 @@ def read_signature(func: Callable[..., Any], *, build_schema: bool) -> Signature
         signature_out = Signature(model, context_param, extra)
         signature_out.schema()
     except Exception as exc:  # pydantic's schema errors, a name pydantic reserves, ...
-        raise SchemaError(_schema_problem(exc)) from exc
+        raise ToolSchemaError(_schema_problem(exc)) from exc
     return signature_out
 
 

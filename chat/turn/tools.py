@@ -27,9 +27,9 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from ..exceptions import ToolError
+from ..exceptions import ToolError, ToolSchemaError
 from .context import RunContext
-from .tool_schema import SchemaError, Signature, docstring_parts, read_signature, validation_message
+from .tool_schema import Signature, docstring_parts, read_signature, validation_message
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_OUTPUT_CHARS = 200_000
@@ -66,7 +66,7 @@ class Tool:
         if self.execute is not None and self.signature is None:
             try:
                 object.__setattr__(self, "signature", read_signature(self.execute, build_schema=not written))
-            except SchemaError as exc:
+            except ToolSchemaError as exc:
                 object.__setattr__(self, "schema_error", f"tool {self.name!r}: {exc}")
         if not written:
             signature = self.signature
