@@ -987,3 +987,32 @@ async def test_stamp_appends_the_send_time_to_each_delta(server: ScriptedModelSe
     pieces = [delta.split("@") for delta in result.deltas]
     assert [text for text, _ in pieces] == ["1", " 2", " 3"]
     assert all(before <= float(stamp) <= after for _, stamp in pieces)
+
+
+async def test_a_declared_context_window_holds_every_request_but_summaries_and_a_prompts_own() -> None:
+    """The demo's model declares a window (think_scripted.kwargs.CONTEXT_WINDOW): a prompt over it is
+    refused as a provider would, a summarisation request is not, and `[window N]` in a prompt wins."""
+    with ScriptedModelServer(token_rate=0, context_window=20) as windowed:
+        status, text = await raw_post(windowed, {"messages": [user("count to 3 " + "word " * 40)]})
+        assert status == 400 and json.loads(text)["error"]["code"] == "context_length_exceeded"
+        assert window_message(20, tokens_of("count to 3 " + "word " * 40)) in text
+        assert await run(windowed, [user("count to 3")], True) == "1 2 3"
+        assert await run(windowed, [user("count to 3 [window 1000] " + "word " * 40)], True) == "1 2 3"
+        long_summary = summary_request("line\n" * 200)
+        assert (await run(windowed, long_summary, False)).startswith("Summary of ")
+
+
+async def test_a_request_body_over_one_mebibyte_is_read(server: ScriptedModelServer) -> None:
+    """aiohttp's default (1 MiB) refused the history of a long conversation before any window could."""
+    history = [user(f"m{i}: " + "x" * 200) if i % 2 == 0 else assistant("ok") for i in range(12_000)]
+    body = {"messages": [*history, user("count to 2")]}
+    assert len(json.dumps(body)) > 1024 * 1024
+    status, text = await raw_post(server, body)
+    assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == "1 2"
+
+
+def test_the_demo_model_declares_its_window_to_litellm_too() -> None:
+    from think_scripted.kwargs import CONTEXT_WINDOW, LITELLM_MODELS
+
+    assert CONTEXT_WINDOW == 128_000
+    assert {m["max_input_tokens"] for m in LITELLM_MODELS.values()} == {CONTEXT_WINDOW}

@@ -7,6 +7,9 @@ import os
 from typing import Any
 
 MODEL = "openai/scripted"
+# The context window the scripted model declares when run as the demo's model (tokens, as it counts them:
+# about four characters each): litellm's model info says so too, so an agent can compact before it.
+CONTEXT_WINDOW = 128_000
 DEFAULT_URL = "http://127.0.0.1:8765/v1"
 # The provider dialects the scripted model speaks: litellm's model name for each, and the path under the
 # server's root that litellm is given as `api_base` (it adds the rest: /chat/completions, /v1/messages,
@@ -25,6 +28,7 @@ LITELLM_MODELS = {
         "supports_native_streaming": True,
         # Without it litellm folds a Gemini model's system prompt into the first user message.
         "supports_system_messages": True,
+        "max_input_tokens": CONTEXT_WINDOW,
     }
     for model, _ in DIALECTS.values()
 }

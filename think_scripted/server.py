@@ -122,6 +122,15 @@ the stored response at once (a later GET or resume is a 404, as for an expired o
 the generations it started and the output tokens of each (``ScriptedModelServer.responses_created``,
 ``.response_output_tokens``). That module's docstring has the details and how faults apply.
 
+Size: a request body may be up to ``SCRIPTED_MODEL_MAX_BODY_BYTES`` (default 64 MiB; aiohttp's own
+default, 1 MiB, refused the history of a long conversation before any context window could). The
+context window: run as a command (``python -m think_scripted.server``, the demo's model) the server
+declares one of ``SCRIPTED_MODEL_CONTEXT_WINDOW`` tokens (default
+:data:`think_scripted.kwargs.CONTEXT_WINDOW`, 128,000; ``0``: none), and answers every request over it
+(summarisation requests excepted) as ``[window N]`` does, as a real provider answers a prompt over its
+window. ``build_app()`` and :class:`ScriptedModelServer` declare none unless given ``context_window``;
+a ``[window N]`` in the prompt wins.
+
 Pacing: ``SCRIPTED_MODEL_TOKEN_RATE`` chunks per second (default 20; ``<= 0``: no pacing), overridden by
 ``build_app(token_rate=...)`` and by ``[rate R]``.
 Run: ``python -m think_scripted.server --host 127.0.0.1 --port 8765`` (defaults from
@@ -148,6 +157,8 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from aiohttp import web
+
+from think_scripted.kwargs import CONTEXT_WINDOW
 
 log = logging.getLogger("think_scripted.server")
 
@@ -199,6 +210,7 @@ class ServerState:
     """Mutable state of one app: its pacing and what it has seen (read by tests)."""
 
     token_rate: float
+    context_window: int | None = None  # the window every request is held to (a prompt's [window N] wins)
     requests: list[Json] = field(default_factory=list)
     chats: list[list[Json]] = field(default_factory=list)  # each request's messages, in the chat API's form
     clients: list[str] = field(default_factory=list)  # the User-Agent of each request, in order
@@ -897,7 +909,11 @@ def log_plan(request: web.Request, plan: Plan, stream: bool, prompt_tokens: int)
 
 
 def _note_prompt(state: ServerState, plan: Plan, messages: list[Json]) -> Plan:
-    """Remember a first request's prompt; the plan learns whether it was seen before (a retry)."""
+    """Remember a first request's prompt; the plan learns whether it was seen before (a retry), and the
+    server's context window when its prompt names none."""
+    if state.context_window and not plan.summary and plan.directives.window is None:
+        directives = dataclasses.replace(plan.directives, window=state.context_window)
+        plan = dataclasses.replace(plan, directives=directives)
     if plan.follow_up or plan.summary:
         return plan
     prompt = json.dumps(messages[_prompt_index(messages)], sort_keys=True)
@@ -946,6 +962,15 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw.strip() else default
+    except ValueError:
+        log.warning("Ignoring invalid %s=%r", name, raw)
+        return default
+
+
 def _env_token_rate() -> float:
     raw = os.environ.get("SCRIPTED_MODEL_TOKEN_RATE", "")
     try:
@@ -959,10 +984,16 @@ async def _on_shutdown(app: web.Application) -> None:
     app[STATE_KEY].closing.set()
 
 
-def build_app(*, token_rate: float | None = None) -> web.Application:
-    """The scripted model app; ``token_rate`` (chunks/s, ``<= 0`` = unpaced) overrides the environment."""
-    app = web.Application()
-    app[STATE_KEY] = ServerState(_env_token_rate() if token_rate is None else float(token_rate))
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def build_app(*, token_rate: float | None = None, context_window: int | None = None) -> web.Application:
+    """The scripted model app; ``token_rate`` (chunks/s, ``<= 0`` = unpaced) overrides the environment;
+    ``context_window`` (tokens) is the window it holds every request to (None: none)."""
+    app = web.Application(client_max_size=_env_int("SCRIPTED_MODEL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES))
+    app[STATE_KEY] = ServerState(
+        _env_token_rate() if token_rate is None else float(token_rate), context_window or None
+    )
     app.on_shutdown.append(_on_shutdown)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
@@ -979,8 +1010,10 @@ def build_app(*, token_rate: float | None = None) -> web.Application:
 class ScriptedModelServer:
     """Runs the app on 127.0.0.1 on a free port, in a background thread with its own event loop."""
 
-    def __init__(self, *, token_rate: float | None = None, host: str = "127.0.0.1") -> None:
-        self.app = build_app(token_rate=token_rate)
+    def __init__(
+        self, *, token_rate: float | None = None, host: str = "127.0.0.1", context_window: int | None = None
+    ) -> None:
+        self.app = build_app(token_rate=token_rate, context_window=context_window)
         self.host = host
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -1067,11 +1100,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=os.environ.get("SCRIPTED_MODEL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SCRIPTED_MODEL_PORT", "8765")))
     parser.add_argument("--token-rate", type=float, default=None, help="chunks/s (default: env or 20)")
+    parser.add_argument(
+        "--context-window",
+        type=int,
+        default=_env_int("SCRIPTED_MODEL_CONTEXT_WINDOW", CONTEXT_WINDOW),
+        help=f"tokens; a longer prompt is refused (default: env or {CONTEXT_WINDOW}; 0: none)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = build_app(token_rate=args.token_rate)
+    app = build_app(token_rate=args.token_rate, context_window=args.context_window)
+    state = app[STATE_KEY]
     log.info(
-        "scripted model on http://%s:%s/v1 (token rate %s/s)", args.host, args.port, app[STATE_KEY].token_rate
+        "scripted model on http://%s:%s/v1 (token rate %s/s, context window %s tokens)",
+        args.host,
+        args.port,
+        state.token_rate,
+        state.context_window or "no",
     )
     web.run_app(app, host=args.host, port=args.port, print=None, shutdown_timeout=1.0, access_log=None)
 

@@ -115,6 +115,8 @@ class ModelLoop:
         for number in range(1, int(self.agent.max_steps) + 1):
             if number > 1:
                 await self._proactive_compaction(chunker.step_usage)
+            elif self.proactive is not None and self.proactive.before_first_step:  # the history's estimate
+                await self._proactive_compaction(self._history_estimate())
             await self._emit_all(chunker.step_start())
             with tracing.step_span(number) as span:
                 earlier = chunker.step_usage  # a step without usage leaves the last step's in place
@@ -163,6 +165,16 @@ class ModelLoop:
                 self.messages = self._before_extended(loaded)
         except Exception:
             logger.exception("proactive compaction failed; the step goes on unchanged")
+
+    def _history_estimate(self) -> Usage:
+        """The first step's prompt as the session counts tokens (about four characters each, over
+        everything the model reads of a message): a history near the window is compacted before the
+        provider refuses it, not after."""
+        count = self.agent.session.token_counter
+        tokens = sum(count(m) for m in self.messages)
+        if self.accumulator.has_content:
+            tokens += count(self.accumulator.message())
+        return Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
 
     def _before_extended(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The history before the message a continuation extends (the accumulator holds that one)."""

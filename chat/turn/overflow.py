@@ -37,11 +37,14 @@ OVERFLOW_PATTERN = re.compile(
 
 @dataclass(frozen=True)
 class Proactive:
-    """Compact before a step whose previous step used `headroom` of `max_input_tokens` or more."""
+    """Compact before a step whose previous step used `headroom` of `max_input_tokens` or more; with
+    `before_first_step`, also before a turn's first model call when the history's estimated size (the
+    session's token counter) does, so a long conversation is compacted before the provider refuses it."""
 
     max_input_tokens: int
     headroom: float = 0.9
     max_compactions: int = 1
+    before_first_step: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_input_tokens, bool) or not isinstance(self.max_input_tokens, int):
@@ -54,6 +57,8 @@ class Proactive:
             raise TypeError(f"Proactive.max_compactions must be an int, got {self.max_compactions!r}")
         if self.max_compactions < 1:
             raise ValueError(f"Proactive.max_compactions must be >= 1, got {self.max_compactions}")
+        if not isinstance(self.before_first_step, bool):
+            raise TypeError(f"Proactive.before_first_step must be a bool, got {self.before_first_step!r}")
 
     @property
     def threshold(self) -> float:

@@ -33,15 +33,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 DAPHNE_MAX_MESSAGE = 1024 * 1024  # daphne's default websocket_max_message_size
 LONG = 8_000
+UNCOMPACTED = "tool-agent"  # an agent without a compaction function
 FILLER = "The customer asked about the order and the assistant explained the schedule. "
 
 
-def text_of(i: int) -> str:
-    return f"m{i}: {FILLER}"
+def text_of(i: int, repeat: int = 1) -> str:
+    return f"m{i}: {FILLER * repeat}"
 
 
-def grow(name: str, count: int = LONG, agent: str = "assistant") -> int:
-    """A conversation of `count` stored messages (about 190 bytes of JSON each), alternating roles."""
+def grow(name: str, count: int = LONG, agent: str = "assistant", repeat: int = 1) -> int:
+    """A conversation of `count` stored messages (about 190 bytes of JSON each, more with `repeat`),
+    alternating roles."""
     from chat.agents import open_agent
     from chat.models import Message
 
@@ -51,7 +53,7 @@ def grow(name: str, count: int = LONG, agent: str = "assistant") -> int:
             conversation_id=conversation_id,
             message_id=f"h{i}",
             role="user" if i % 2 == 0 else "assistant",
-            parts=[{"type": "text", "text": text_of(i)}],
+            parts=[{"type": "text", "text": text_of(i, repeat)}],
             position=i,
         )
         for i in range(count)
@@ -87,8 +89,10 @@ async def test_a_long_conversation_opens(stack: Any) -> None:
     assert messages and messages[-1]["id"] == f"h{LONG - 1}", "the window ends with the latest message"
 
 
-def get_messages(port: int, name: str, query: str = "") -> tuple[list[dict[str, Any]], bool]:
-    url = f"http://127.0.0.1:{port}/agents/assistant/{name}/get-messages{query}"
+def get_messages(
+    port: int, name: str, query: str = "", agent: str = "assistant"
+) -> tuple[list[dict[str, Any]], bool]:
+    url = f"http://127.0.0.1:{port}/agents/{agent}/{name}/get-messages{query}"
     with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=30) as r:
         return json.loads(r.read()), r.headers["Think-Earlier"] == "true"
 
@@ -101,9 +105,11 @@ def stored_ids(name: str) -> list[str]:
 
 
 async def test_a_long_conversation_continues_regenerates_and_pages(stack: Any, scripted_model: Any) -> None:
+    """With an agent that does not compact (the demo's does: the next test), the model reads every stored
+    message although the client holds a window of them."""
     name = new_name()
-    await sync_to_async(grow)(name)
-    async with ChatClient(stack.port, name) as client:
+    await sync_to_async(grow)(name, agent=UNCOMPACTED)
+    async with ChatClient(stack.port, name, UNCOMPACTED) as client:
         frame, _ = await first_transcript(client)
         window = frame["messages"]
         assert frame.get("earlier") is True and len(window) < LONG
@@ -124,7 +130,7 @@ async def test_a_long_conversation_continues_regenerates_and_pages(stack: Any, s
     # Regenerate the answer from the window the client now holds (the hook drops the last answer).
     kept = [m for m in after["messages"] if m["id"] != ids[-1]]
     before = len(scripted_model.chats)
-    async with ChatClient(stack.port, name) as client:
+    async with ChatClient(stack.port, name, UNCOMPACTED) as client:
         await first_transcript(client)
         await client.send(chat_request("r2", kept, trigger="regenerate-message"))
         log = await client.follow("r2", timeout=60)
@@ -136,15 +142,48 @@ async def test_a_long_conversation_continues_regenerates_and_pages(stack: Any, s
     assert again[:1] == [text_of(0)] and again[-1] == prompt
 
     # Paging back from the window reaches the first message: every stored message once, in order.
-    page, earlier = await sync_to_async(get_messages)(stack.port, name)
+    page, earlier = await sync_to_async(get_messages)(stack.port, name, "", UNCOMPACTED)
     pages = [page]
     while earlier:
         page, earlier = await sync_to_async(get_messages)(
-            stack.port, name, f"?before={pages[0][0]['id']}&limit=1000"
+            stack.port, name, f"?before={pages[0][0]['id']}&limit=1000", UNCOMPACTED
         )
         assert page, "a page before a message that has older ones is never empty"
         pages.insert(0, page)
     assert [m["id"] for p in pages for m in p] == regenerated
+
+
+async def test_the_demo_agent_compacts_a_long_history_before_its_model_refuses_it(
+    stack: Any, scripted_model: Any
+) -> None:
+    """Issue 36, item 7: 8,000 stored messages (about 450,000 tokens as the session counts them) against a
+    model with a 128,000-token window (the demo model's declared one): the demo agent compacts before the
+    model call, so the provider never refuses the turn, and it answers."""
+    from chat.models import Compaction
+    from think_scripted.kwargs import CONTEXT_WINDOW
+    from think_scripted.server import count_prompt_tokens, is_summary_request
+
+    name = new_name()
+    await sync_to_async(grow)(name, repeat=2)  # the summary's request is over 1 MiB: the model takes it
+    prompt = f"count to 5 [window {CONTEXT_WINDOW}] {name}"
+    before = len(scripted_model.chats)
+    async with ChatClient(stack.port, name) as client:
+        frame, _ = await first_transcript(client)
+        await client.send(chat_request("r1", [*frame["messages"], user_message(prompt, "u-new")]))
+        log = await client.follow("r1", timeout=120)
+    assert log.errors == [] and log.done is not None and log.done["outcome"] == "completed"
+    assert log.text == numbers(5)
+    chats = scripted_model.chats[before:]
+    [summary] = [c for c in chats if is_summary_request(c)]
+    assert count_prompt_tokens(summary) > CONTEXT_WINDOW, "the summary read what the window would not take"
+    [answered] = [c for c in chats if c and c[-1].get("content") == prompt]  # once: no refusal, no retry
+    assert count_prompt_tokens(answered) <= CONTEXT_WINDOW
+    texts = [m.get("content") for m in answered if m["role"] != "system"]
+    assert len(json.dumps(summary)) > 1024 * 1024
+    assert texts[:3] == [text_of(0, 2), text_of(1, 2), text_of(2, 2)], "the head is kept"
+    assert str(texts[3]).startswith("Summary of "), "the middle is summarised"
+    assert texts[-2] == text_of(LONG - 1, 2), "the tail ends with the newest stored message"
+    assert await Compaction.objects.filter(conversation__name=name).acount() == 1
 
 
 async def test_a_chat_request_over_the_frame_limit_is_refused_with_a_reason(stack: Any) -> None:

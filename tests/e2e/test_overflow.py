@@ -81,9 +81,9 @@ async def test_recovers_a_context_overflow_on_the_websocket_turn_path(
 
 async def test_stays_terminal_when_disabled(stack: Any, scripted_model: Any) -> None:
     name = f"o-{uuid.uuid4().hex[:8]}"
-    await sync_to_async(seed)("assistant", name)
+    await sync_to_async(seed)("tool-agent", name)  # an agent without context_overflow
     prompt = f"count to 5 [window 200] {name}"
-    frames, log = await ws_turn(stack.port, "assistant", name, prompt)
+    frames, log = await ws_turn(stack.port, "tool-agent", name, prompt)
     # The overflow by its class and a fault id; the provider's own text is in the Fault row and the log.
     [error] = log.errors
     assert re.fullmatch(
