@@ -329,12 +329,22 @@ def answer_body(
 
 
 @pytest.fixture(scope="module")
-def bounded(stack: Any, log_dir: Path) -> Iterator[int]:
-    """A daphne of the shared stack with low per-principal bounds (the shared worker runs its turns)."""
-    env = {"THINK_PRINCIPAL_MAX_SOCKETS": "2", "THINK_PRINCIPAL_REPLAYS_PER_MINUTE": "2"}
+def bounded_daphne(stack: Any, log_dir: Path) -> Iterator[Any]:
+    """A daphne of the shared stack with low per-principal bounds (the shared worker runs its turns),
+    that keeps its database connections (CONN_MAX_AGE), as sites do."""
+    env = {
+        "THINK_PRINCIPAL_MAX_SOCKETS": "2",
+        "THINK_PRINCIPAL_REPLAYS_PER_MINUTE": "2",
+        "DJANGO_CONN_MAX_AGE": "600",
+    }
     daphne, port = start_daphne({**stack.env, **env}, log_dir)
-    yield port
+    yield daphne, port
     daphne.stop()
+
+
+@pytest.fixture(scope="module")
+def bounded(bounded_daphne: Any) -> int:
+    return int(bounded_daphne[1])
 
 
 async def test_open_responses_count_as_the_principals_sockets(bounded: int) -> None:
@@ -449,14 +459,6 @@ async def test_a_turn_queued_behind_another_answers_only_its_own(stack: Any) -> 
     assert second.chunks[0]["messageId"] == transcript[3]["id"]
 
 
-@pytest.fixture(scope="module")
-def persistent(stack: Any, log_dir: Path) -> Iterator[Any]:
-    """A daphne of the shared stack that keeps its database connections (CONN_MAX_AGE), as sites do."""
-    daphne, port = start_daphne({**stack.env, "DJANGO_CONN_MAX_AGE": "600"}, log_dir)
-    yield daphne, port
-    daphne.stop()
-
-
 def postgres_connections(pid: int) -> int:
     """The established TCP connections to port 5432 that process `pid` holds (from /proc)."""
     import os
@@ -477,22 +479,28 @@ def postgres_connections(pid: int) -> int:
     return found
 
 
-async def test_open_answers_do_not_hold_a_database_connection_each(persistent: Any) -> None:
+async def test_open_answers_do_not_hold_a_database_connection_each(bounded_daphne: Any) -> None:
     """An answer streams for as long as its turn runs; its database work runs on the process's shared
     pool, not on a thread of the request's own, so a site with CONN_MAX_AGE does not hold one Postgres
     connection per open answer (200 answers at once were refused by Postgres: too many clients)."""
     import os
 
-    daphne, port = persistent
+    daphne, port = bounded_daphne
     pool = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor: the shared pool
     answers = pool + 6
     url = f"http://127.0.0.1:{port}/ai/{AGENT}"
-    async with httpx.AsyncClient(timeout=60) as client, contextlib.AsyncExitStack() as held:
-        for _ in range(answers):  # each its own principal: the per-principal socket bound is not tested
-            headers = {"Authorization": f"Bearer {access_token(f'test:{uuid.uuid4().hex[:10]}')}"}
-            response = await held.enter_async_context(
-                client.stream("POST", url, json=body(new_name(), "count to 40 [rate 20]"), headers=headers)
-            )
-            assert response.status_code == 200
-        held_now = postgres_connections(daphne.popen.pid)
+    opened = []
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(answers):  # each its own principal: the socket bound is another test's
+                headers = {"Authorization": f"Bearer {access_token(f'test:{uuid.uuid4().hex[:10]}')}"}
+                name = new_name()
+                response = await held.enter_async_context(
+                    client.stream("POST", url, json=body(name, "count to 40 [rate 20]"), headers=headers)
+                )
+                assert response.status_code == 200
+                opened.append((name, headers))
+            held_now = postgres_connections(daphne.popen.pid)
+        for name, headers in opened:  # the shared worker has other tests' turns to run
+            await client.post(f"{url}/{name}/stop", headers=headers)
     assert held_now <= pool + 2, f"{answers} open answers hold {held_now} Postgres connections"
