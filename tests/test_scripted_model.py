@@ -833,6 +833,21 @@ async def test_rate_directive_overrides_slow_server_pacing(slow_server: Scripted
     assert result.usage.completion_tokens == 50
 
 
+async def test_hurry_sends_the_rest_of_a_paced_reply_at_once(slow_server: ScriptedModelServer) -> None:
+    # At 0.2 chunks/s the 20 numbers take 100 s, far past TIMEOUT: they all come once the server hurries,
+    # the pause under way included.
+    started = asyncio.ensure_future(stream(slow_server, [user("count to 20")]))
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not slow_server.in_flight:
+                await asyncio.sleep(0.05)
+        slow_server.hurry()
+        result = await started
+    finally:
+        slow_server.hurry(False)
+    assert result.deltas == ["1"] + [f" {i}" for i in range(2, 21)]
+
+
 def test_token_rate_comes_from_argument_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCRIPTED_MODEL_TOKEN_RATE", "7.5")
     assert build_app()[STATE_KEY].token_rate == 7.5

@@ -65,6 +65,7 @@ from think_scripted.server import (
     BadRequestError,
     Json,
     Plan,
+    ServerState,
     _early_error,
     _error_response,
     _note_prompt,
@@ -73,6 +74,7 @@ from think_scripted.server import (
     count_prompt_tokens,
     error_body,
     message_text,
+    pace,
     plan_reply,
 )
 
@@ -288,7 +290,9 @@ class _Writer:
         emit("response.output_item.done", output_index=index, item=item)
 
 
-async def _generate(state: ResponsesState, generation: Generation, plan: Plan, rate: float) -> None:
+async def _generate(
+    state: ResponsesState, server: ServerState, generation: Generation, plan: Plan, rate: float
+) -> None:
     """Produce the generation's events, paced at ``rate`` chunks per second, until it ends."""
     writer = _Writer(generation, plan.directives.stamp)
     try:
@@ -309,8 +313,7 @@ async def _generate(state: ResponsesState, generation: Generation, plan: Plan, r
                 return
             if sent == len(plan.deltas):
                 break
-            if rate > 0:
-                await asyncio.sleep(1 / rate)
+            await pace(server, rate)
             generation.chunks += 1
             state.output_tokens[generation.id] = generation.chunks
             writer.apply(plan.deltas[sent])
@@ -345,7 +348,7 @@ def _start(request: web.Request, body: Json, plan: Plan, messages: list[Json], *
         responses.responses[generation.id] = generation
     generation.emit("response.created", response=generation.snapshot())
     rate = plan.directives.rate if plan.directives.rate is not None else state.token_rate
-    task = asyncio.get_running_loop().create_task(_generate(responses, generation, plan, rate))
+    task = asyncio.get_running_loop().create_task(_generate(responses, state, generation, plan, rate))
     generation.task = task
     responses.tasks.add(task)
     task.add_done_callback(responses.tasks.discard)

@@ -141,6 +141,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -218,6 +219,9 @@ class ServerState:
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     prompts: set[str] = field(default_factory=set)
+    # Set by ScriptedModelServer.hurry(): paced replies and generations send what is left at once (a
+    # test that needs a long stream only until it has killed what it kills).
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 STATE_KEY = web.AppKey("scripted_model_state", ServerState)
@@ -760,6 +764,15 @@ class _ConnectionReset(Exception):
     """The handler reset its own connection: there is no response left to finish."""
 
 
+async def pace(state: ServerState, rate: float) -> None:
+    """The pause before a chunk at ``rate`` chunks per second (none at ``rate <= 0``), cut short when the
+    server hurries."""
+    if rate > 0 and not state.hurry.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1 / rate):
+                await state.hurry.wait()
+
+
 async def stream_plan(request: web.Request, plan: Plan, rate: float, encoder: Encoder) -> web.StreamResponse:
     """Stream ``plan`` in ``encoder``'s dialect at ``rate`` chunks/s, with the plan's faults."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -773,8 +786,7 @@ async def stream_plan(request: web.Request, plan: Plan, rate: float, encoder: En
             return response
         if sent == len(plan.deltas):
             break
-        if rate > 0:
-            await asyncio.sleep(1 / rate)
+        await pace(request.app[STATE_KEY], rate)
         delta = plan.deltas[sent]
         if plan.directives.stamp and delta.get("content"):
             delta = {**delta, "content": f"{delta['content']}@{time.time():.4f}"}
@@ -1059,6 +1071,13 @@ class ScriptedModelServer:
         from think_scripted.responses import RESPONSES_KEY
 
         return dict(self.app[RESPONSES_KEY].output_tokens)
+
+    def hurry(self, on: bool = True) -> None:
+        """From now on (until ``hurry(False)``), paced replies and Responses generations, those under
+        way included, send what is left of them at once."""
+        event = self.app[STATE_KEY].hurry
+        assert self._loop is not None, "the server is not running"
+        self._loop.call_soon_threadsafe(event.set if on else event.clear)
 
     def start(self) -> ScriptedModelServer:
         self._loop = asyncio.new_event_loop()

@@ -139,7 +139,8 @@ async def test_a_recovered_turn_killed_again_rejoins_again(
     """The continuation records its own progress in the same generation: a second kill, in the middle
     of the rejoined stream, rejoins it once more, further on. The generation (400 tokens at 15 a second)
     outlasts a worker's start-up, which took 12 s on a slow machine: a rejoin after the provider has
-    finished gets the rest at once, and there would be no middle to kill."""
+    finished gets the rest at once, and there would be no middle to kill. Once the second kill is
+    done, the model hurries: the rest of the generation comes at once, for the third worker to rejoin."""
     created = scripted_model.responses_created
     worker = recovery_stack.start_worker()
     name = f"reattach-twice-{uuid.uuid4().hex[:8]}"
@@ -152,8 +153,12 @@ async def test_a_recovered_turn_killed_again_rejoins_again(
             client, log, until=lambda log: len(log.order) == 2 and len(log.streams[log.order[1]].chunks) >= 15
         )
         worker.kill(signal.SIGKILL)
-        await asyncio.to_thread(recovery_stack.start_worker)
-        await follow_conversation(client, log, timeout=60)
+        scripted_model.hurry()
+        try:
+            await asyncio.to_thread(recovery_stack.start_worker)
+            await follow_conversation(client, log, timeout=60)
+        finally:
+            scripted_model.hurry(False)
     assert len(log.order) == 3
     for stream in log.streams.values():
         assert stream.seqs == list(range(len(stream.seqs)))
