@@ -94,6 +94,24 @@ DEFAULTS: dict[str, Any] = {
     # address, for an hour from the first (beyond: closed with 4409, nothing created).
     "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS": 200,
     "PRINCIPAL_REPLAYS_PER_MINUTE": 60,
+    # Files users attach to messages (chat.transcript.files, kept in Django's default_storage): the types
+    # accepted (each checked against the bytes), the size of one, files per message, and the bytes one
+    # principal may store a UTC day (None: no limit). A file inside a chat request is also bounded by
+    # MAX_FRAME_BYTES; bigger ones are uploaded first (chat.wire.files).
+    "FILE_TYPES": (
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "application/pdf",
+        "text/plain",
+        "text/markdown",
+        "text/csv",
+        "application/json",
+    ),
+    "MAX_FILE_BYTES": 5_000_000,
+    "MAX_MESSAGE_FILES": 10,
+    "PRINCIPAL_FILE_BYTES_PER_DAY": 100_000_000,
 }
 
 

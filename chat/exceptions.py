@@ -103,3 +103,12 @@ class ToolCallNotWaiting(ThinkError, LookupError):
 class ToolSchemaError(ThinkError, TypeError):
     """A tool function's signature cannot become a JSON Schema (its Tool's `schema_error`, reported by
     `manage.py check` as think_chat.E029)."""
+
+
+class FileRefused(ProtocolError):
+    """A file a client sent or uploaded that is not accepted (its type, size, bytes, or a limit of its
+    owner); `status` is the HTTP status an upload is refused with (413, 415, 429 or 400)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status

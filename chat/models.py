@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import models
 
 
@@ -268,3 +270,29 @@ class TokenRevocation(models.Model):
         if self.token_id:
             return f"token {self.token_id}"
         return f"tokens of {self.principal} before {self.not_before}"
+
+
+class ChatFile(models.Model):
+    """A file a user attached to a message of a conversation (chat.transcript.files): its bytes are in
+    Django's storage under `storage_name`, and the message's file part holds its URL (think_chat:file)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="files")
+    # The principal who sent it (chat.access), for THINK["PRINCIPAL_FILE_BYTES_PER_DAY"].
+    owner = models.CharField(max_length=255, blank=True, default="")
+    storage_name = models.CharField(max_length=255)
+    media_type = models.CharField(max_length=100)
+    filename = models.CharField(max_length=255, blank=True, default="")
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "think_chat_file"
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "sha256"], name="think_file_unique_content"),
+        ]
+        indexes = [models.Index(fields=["owner", "created_at"], name="think_file_owner_day")]
+
+    def __str__(self) -> str:
+        return f"{self.filename or self.id} ({self.media_type}, {self.size} bytes)"

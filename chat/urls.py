@@ -1,7 +1,7 @@
 from django.urls import path
 
 from . import views
-from .wire import http
+from .wire import files, http
 
 app_name = "think_chat"
 
@@ -12,4 +12,7 @@ urlpatterns = [
     path("ai/<str:agent>", http.send, name="ai-send"),
     path("ai/<str:agent>/<str:name>/stream", http.rejoin, name="ai-stream"),
     path("ai/<str:agent>/<str:name>/stop", http.stop, name="ai-stop"),
+    # Files users attach (chat.wire.files): an upload for a conversation, a file served to its owner.
+    path("files/<uuid:file_id>", files.serve, name="file"),
+    path("files/<str:agent>/<str:name>", files.upload, name="file-upload"),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET
 
 from .access import Credentials, access_policy, conversation_read
@@ -52,6 +53,7 @@ def get_messages(request: HttpRequest, agent: str, name: str) -> HttpResponse:
 
 
 @require_GET
+@ensure_csrf_cookie  # the page's uploads (chat.wire.files) send it back as X-CSRFToken
 def index(request: HttpRequest) -> HttpResponse:
     """The chat page. Its socket carries the session cookie, so the visitor needs a session: a
     logged-in user, or (SessionAccess) an anonymous session made here; otherwise the login page."""

@@ -190,7 +190,34 @@ _shared: list[Stack] = []
 _modules_with_stack: set[str] = set()
 
 
+# The files that take longest (about 25 to 95 s each of one runner's time, tests/e2e), run first: with
+# `make pytest` (--no-loadscope-reorder) a runner takes the files in this order, then the rest as
+# collected, so the run ends on short files and no runner waits long for the last one (docs/testing.md).
+SLOW_FIRST = [
+    f"tests/e2e/{name}.py"
+    for name in (
+        "test_recovery",
+        "test_dialects",
+        "test_infra_faults",
+        "test_react_hook",
+        "test_usechat",
+        "test_soak",
+        "test_model_faults",
+        "test_hostsite",
+        "test_make_run",
+        "test_http_wire",
+        "test_liveness",
+        "test_reattach",
+        "test_readme_site",
+        "test_frame_fuzz",
+        "test_overload",
+    )
+]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: index for index, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: files stay whole
     for item in items:
         if "stack" in getattr(item, "fixturenames", ()):
             _modules_with_stack.add(item.nodeid.split("::")[0])

@@ -8,6 +8,7 @@ of the id, so two runners never share a queue, a prefix or a database.
 """
 
 import os
+import tempfile
 import uuid
 
 from thinkproject.settings import *  # noqa: F403
@@ -30,6 +31,9 @@ CACHES = {
 }
 CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"] = f"{TEST_REDIS_BASE}/15"
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"thinktest{RUN_ID}"
+
+# The files of a run (chat.transcript.files), shared with the processes it starts (they inherit the id).
+MEDIA_ROOT = os.path.join(tempfile.gettempdir(), f"thinktest-media-{RUN_ID}")
 
 if os.environ.get("THINK_TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["THINK_TEST_DATABASE_NAME"]

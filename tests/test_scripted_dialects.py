@@ -9,6 +9,8 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio  # noqa: E402
+import base64  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -25,6 +27,8 @@ from think_scripted.server import (  # noqa: E402
     BadRequestError,
     ScriptedModelServer,
     count_prompt_tokens,
+    describe_files,
+    plan_reply,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -122,6 +126,57 @@ def test_an_anthropic_request_is_read_as_chat_messages() -> None:
     ]
     with pytest.raises(BadRequestError, match="role"):
         anthropic_messages({"messages": [{"role": "system", "content": "x"}]})
+
+
+def test_files_in_each_dialect_are_read_as_the_chat_apis_file_parts() -> None:
+    """Anthropic's image and document blocks and Gemini's inline data become image_url and file parts,
+    which ``[files]`` describes; a part whose data cannot be read is the request's 400."""
+    png, pdf = b"\x89PNG\r\n\x1a\nfake", b"%PDF-1.4 fake"
+    b64 = {k: base64.b64encode(v).decode() for k, v in {"png": png, "pdf": pdf}.items()}
+    anthropic = anthropic_messages(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "[files]"},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": b64["png"]},
+                        },
+                        {
+                            "type": "document",
+                            "title": "doc.pdf",
+                            "source": {"type": "base64", "media_type": "application/pdf", "data": b64["pdf"]},
+                        },
+                    ],
+                }
+            ]
+        }
+    )
+    gemini = gemini_messages(
+        {
+            "contents": [
+                {
+                    "role": "user",
+                    "parts": [
+                        {"text": "[files]"},
+                        {"inline_data": {"mime_type": "image/png", "data": b64["png"]}},
+                        {"inlineData": {"mimeType": "application/pdf", "data": b64["pdf"]}},
+                    ],
+                }
+            ]
+        }
+    )
+    png_said = f"image/png {len(png)} bytes sha256 {hashlib.sha256(png).hexdigest()[:16]}"
+    pdf_said = f"application/pdf {len(pdf)} bytes sha256 {hashlib.sha256(pdf).hexdigest()[:16]}"
+    assert describe_files(anthropic[-1]) == f"Files: {png_said}; {pdf_said} named doc.pdf"
+    assert describe_files(gemini[-1]) == f"Files: {png_said}; {pdf_said}"
+    assert plan_reply(gemini).deltas[0] == {"content": "Files:"}
+    assert describe_files({"role": "user", "content": "[files]"}) == "Files: none"
+    broken = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+    with pytest.raises(BadRequestError, match="base64 data URL"):
+        describe_files(broken)
 
 
 def test_gemini_function_responses_answer_the_calls_before_them_in_order() -> None:

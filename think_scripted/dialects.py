@@ -139,9 +139,29 @@ def anthropic_messages(body: Json) -> list[Json]:
             chat.append(
                 {"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}
             )
+        elif files := [f for b in blocks if isinstance(b, dict) and (f := _anthropic_file(b))]:
+            chat.append({"role": "user", "content": [{"type": "text", "text": text}, *files]})
         elif text:
             chat.append({"role": "user", "content": text})
     return chat
+
+
+def _file_part(media_type: Any, data: Any, name: Any = None) -> Json:
+    """A file in the chat API's form (an ``image_url`` or a ``file`` part with a data URL)."""
+    url = f"data:{media_type};base64,{data}"
+    if str(media_type).startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "file", "file": {"file_data": url, **({"filename": name} if name else {})}}
+
+
+def _anthropic_file(block: Json) -> Json | None:
+    """An ``image`` or ``document`` block with a base64 source, as a chat API file part."""
+    source = block.get("source")
+    if block.get("type") not in ("image", "document") or not isinstance(source, dict):
+        return None
+    if source.get("type") != "base64":
+        raise BadRequestError(f"{block.get('type')} blocks must have a base64 source here")
+    return _file_part(source.get("media_type"), source.get("data"), block.get("title"))
 
 
 class AnthropicEncoder:
@@ -311,7 +331,14 @@ def gemini_messages(body: Json) -> list[Json]:
                         "content": output if isinstance(output, str) else json.dumps(output),
                     }
                 )
-        if text:
+        files = [
+            _file_part(_field(inline, "mimeType", "mime_type"), inline.get("data"))
+            for part in parts
+            if isinstance(inline := _field(part, "inlineData", "inline_data"), dict)
+        ]
+        if files:
+            chat.append({"role": "user", "content": [{"type": "text", "text": text}, *files]})
+        elif text:
             chat.append({"role": "user", "content": text})
     return chat
 

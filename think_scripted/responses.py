@@ -83,6 +83,7 @@ log = logging.getLogger("think_scripted.server.responses")
 _FORGET_RE = re.compile(r"\[forget\]", re.IGNORECASE)
 FINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "incomplete"})
 _POLL_S = 0.1  # how often a waiting stream looks for a departed client or a closing server
+FILE_PARTS = ("input_image", "input_file")  # kept as parts: [files] reads them (think_scripted.server)
 
 
 @dataclass
@@ -196,7 +197,9 @@ def input_messages(body: Json) -> list[Json]:
         kind = item.get("type", "message")
         if kind == "message":
             role = str(item.get("role") or "user").replace("developer", "system")
-            messages.append({"role": role, "content": message_text(item)})
+            content = item.get("content")
+            files = isinstance(content, list) and any(p.get("type") in FILE_PARTS for p in content)
+            messages.append({"role": role, "content": content if files else message_text(item)})
         elif kind == "function_call":
             function = {"name": str(item.get("name") or ""), "arguments": str(item.get("arguments") or "")}
             call = {"id": item.get("call_id"), "type": "function", "function": function}

@@ -70,6 +70,12 @@ text, combinable):
   ``tool_calls`` before the last tool message (all tool messages after the prompt if there is none), in
   message order, each as ``Tool NAME returned: <content>``, joined by ``"; "``. If the prompt also says
   ``count to N``, the words ``" 1" " 2" ... " N"`` follow (a long, rate-paced answer after a result).
+* ``[files]`` -- reply ``Files: `` and the files the prompt carries, ``; ``-separated, each as ``TYPE N
+  bytes sha256 HEX`` (the first 16 hex digits of its SHA-256) and `` named NAME`` when the part names
+  it, or ``none``: the chat API's ``image_url`` and ``file`` parts and the Responses API's
+  ``input_image`` and ``input_file``, with base64 data URLs (Anthropic's ``image`` / ``document`` blocks
+  and Gemini's ``inlineData`` are read as these). Text a client attached goes to a model as text, so it is
+  part of the prompt and not listed. A file part whose data cannot be read makes the request a 400.
 * anything else -- the fixed reply ``Hello! I am the scripted model. Ask me to count to N.``
 Text replies are streamed word by word (every chunk but the first carries its leading space). A fault
 fires once K content chunks were sent; a reply with fewer than K chunks completes normally.
@@ -106,9 +112,9 @@ log like any other request.
 ``[cached N]`` reports N of the prompt tokens (at most all of them) as read from the prompt cache
 (``usage.prompt_tokens_details.cached_tokens``, Chat Completions only).
 
-Token accounting: ``prompt_tokens = ceil(characters of all message contents / 4) + 4 per message``;
-tool call names and arguments count as message characters; ``completion_tokens`` = number of content
-chunks (text or tool-call deltas). The usage chunk (``choices: []``) is sent when the
+Token accounting: ``prompt_tokens = ceil(characters of all message text / 4) + 4 per message`` (files
+count nothing); tool call names and arguments count as message characters; ``completion_tokens`` =
+number of content chunks (text or tool-call deltas). The usage chunk (``choices: []``) is sent when the
 request asks for ``stream_options.include_usage``. Error responses carry ``x-should-retry: false`` so
 the OpenAI SDK does not retry them itself: retries are the caller's business.
 
@@ -141,8 +147,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -198,6 +206,8 @@ _OVERFLOW_RE = re.compile(r"\[overflow(\s+always|\s+once)?\s*\]", re.IGNORECASE)
 _SAYS_RE = re.compile(r"\[error says\s+([^\]]*?)\s*\]", re.IGNORECASE)
 _STAMP_RE = re.compile(r"\[stamp\]", re.IGNORECASE)
 _NO_FINISH_RE = re.compile(r"\[no finish(\s+always|\s+once)?\s*\]", re.IGNORECASE)
+_FILES_RE = re.compile(r"\[files\]", re.IGNORECASE)
+_DATA_URL_RE = re.compile(r"data:([\w.+-]+/[\w.+-]+)(?:;[^,]*)?;base64,(.*)", re.DOTALL)
 _WINDOW_RE = re.compile(r"\[window\b\s*([^\]\s]*)\s*(\])?", re.IGNORECASE)
 _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
 _THEN_RE = re.compile(r"\s*then\s+(?=\{)", re.IGNORECASE)
@@ -287,6 +297,7 @@ class Directives:
     eof: Fault | None = None  # the stream ends cleanly mid-reply: no finish reason, no end marker
     cached: int | None = None  # of the prompt tokens, this many reported as read from the prompt cache
     error_says: str | None = None  # the message of a [fail ...] error instead of the standard one
+    files: bool = False  # describe the files the prompt carries
 
     @property
     def default_tool_name(self) -> str | None:
@@ -329,6 +340,54 @@ def message_text(message: Json) -> str:
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
+
+
+def _file_of(part: Json) -> tuple[Any, Any]:
+    """The data URL and file name of a content part that carries a file (None, None for any other)."""
+    kind = part.get("type")
+    if kind == "image_url":
+        image = part.get("image_url")
+        return (image.get("url") if isinstance(image, dict) else image), None
+    if kind == "input_image":
+        return part.get("image_url"), None
+    if kind == "file":
+        file = part.get("file")
+        return (file.get("file_data"), file.get("filename")) if isinstance(file, dict) else (None, None)
+    if kind == "input_file":
+        return part.get("file_data"), part.get("filename")
+    return None, None
+
+
+def attachments(message: Json) -> list[tuple[str, bytes, str | None]]:
+    """The files a message carries as (media type, bytes, file name): the chat API's ``image_url`` and
+    ``file`` parts and the Responses API's ``input_image`` and ``input_file``, with base64 data URLs
+    (Anthropic's and Gemini's blocks arrive as these, think_scripted.dialects). A part whose data URL
+    cannot be read is a 400."""
+    content = message.get("content")
+    found: list[tuple[str, bytes, str | None]] = []
+    for part in content if isinstance(content, list) else ():
+        url, name = _file_of(part) if isinstance(part, dict) else (None, None)
+        if url is None:
+            continue
+        match = _DATA_URL_RE.fullmatch(str(url))
+        if match is None:
+            raise BadRequestError(f"a file part must carry a base64 data URL, got {str(url)[:40]!r}")
+        try:
+            data = base64.b64decode(match.group(2), validate=True)
+        except ValueError as exc:
+            raise BadRequestError(f"a file part's base64 cannot be read: {exc}") from exc
+        found.append((match.group(1), data, name if isinstance(name, str) else None))
+    return found
+
+
+def describe_files(message: Json) -> str:
+    """The ``[files]`` reply: each file of the prompt as ``TYPE N bytes sha256 HEX16``, or ``none``."""
+    described = [
+        f"{media} {len(data)} bytes sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+        + (f" named {name}" if name else "")
+        for media, data, name in attachments(message)
+    ]
+    return "Files: " + ("; ".join(described) if described else "none")
 
 
 def _make_fault(after: int, mode: str | None, status: int = 0) -> Fault:
@@ -378,6 +437,7 @@ def _directives(text: str, count: Any, rate: Any, stall: Any, fail: Any, overflo
         _parse_fault(_EOF_RE, text),
         int(cached.group(1)) if (cached := _CACHED_RE.search(text)) else None,
         says.group(1) if (says := _SAYS_RE.search(text)) else None,
+        bool(_FILES_RE.search(text)),
     )
 
 
@@ -577,6 +637,8 @@ def plan_reply(messages: list[Json], serial: int = 0) -> Plan:
     if tools:
         text = _follow_up_text(messages, _latest_batch(messages, prompt, tools[-1]), directives)
         deltas = [{"content": w} for w in _resume_words(text, prior)]
+    elif directives.files:
+        deltas = [{"content": w} for w in _resume_words(describe_files(messages[prompt]), prior)]
     elif directives.count_to is not None:
         deltas = [{"content": p} for p in _count_pieces(directives.count_to, prior)]
     else:

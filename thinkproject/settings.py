@@ -128,6 +128,10 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 # Serve straight from the apps' static folders, so `make run` needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True
+# Where default_storage keeps the files users attach (chat.transcript.files): web and worker processes
+# must see the same storage (one machine: this folder; several: a shared one, or S3 and the like through
+# django-storages). They are served by the chat app to their conversation's owner, never as /media/.
+MEDIA_ROOT = os.environ.get("DJANGO_MEDIA_ROOT") or str(BASE_DIR / ".run" / "media")
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The channel layer and the broker should not share a Redis database (keys, eviction, FLUSHDB).

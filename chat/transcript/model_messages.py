@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from ..exceptions import FileRefused
+from .files import Attachment, file_id_of, parse_data_url
 from .folding import is_tool_part, tool_name_of
 
 
@@ -66,9 +70,52 @@ def _tool_output_text(part: dict[str, Any]) -> str:
     return output if isinstance(output, str) else json.dumps(output)
 
 
+def _content(parts: list[dict[str, Any]], files: Mapping[str, Attachment]) -> str | list[dict[str, Any]]:
+    """A user's or system's content: its text, or, with files, content parts in the chat API's form,
+    which litellm turns into each provider's (Anthropic's image and document blocks, Gemini's inline
+    data, the Responses API's input items: chat.turn.llm)."""
+    if not any(p.get("type") == "file" for p in parts):
+        return _text_of(parts)
+    content: list[dict[str, Any]] = []
+    for part in parts:
+        if part.get("type") == "text" and part.get("text"):
+            content.append({"type": "text", "text": str(part["text"])})
+        elif part.get("type") == "file":
+            content.append(_file_content(part, files))
+    return content
+
+
+def _file_content(part: dict[str, Any], files: Mapping[str, Attachment]) -> dict[str, Any]:
+    """A file as the model reads it: an image as an image, text as text, anything else (a PDF) as a file."""
+    url = str(part.get("url", ""))
+    file_id = file_id_of(url)
+    attachment = files.get(str(file_id)) if file_id is not None else None
+    name = str(part.get("filename") or "") or "file"
+    if attachment is None and url.startswith("data:"):  # stored inline before files were kept apart
+        try:
+            attachment = Attachment(*parse_data_url(url), name)
+        except FileRefused:
+            pass
+    if attachment is None:
+        return {"type": "text", "text": f"[The file {name} is no longer available.]"}
+    media_type = attachment.media_type
+    if media_type.startswith("text/") or media_type == "application/json":
+        text = attachment.data.decode("utf-8", "replace")
+        return {"type": "text", "text": f"[File {name} ({media_type})]\n{text}"}
+    url = f"data:{media_type};base64,{base64.b64encode(attachment.data).decode('ascii')}"
+    if media_type.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "file", "file": {"file_data": url, "filename": name}}
+
+
 def to_model_messages(
-    messages: list[dict[str, Any]], *, system_prompt: str | None = None
+    messages: list[dict[str, Any]],
+    *,
+    system_prompt: str | None = None,
+    files: Mapping[str, Attachment] | None = None,
 ) -> list[dict[str, Any]]:
+    """The chat API's messages of a transcript; `files` holds the bytes of the files its file parts
+    name, by file id (chat.transcript.files.attachments_for_model)."""
     model_messages: list[dict[str, Any]] = []
     if system_prompt:
         model_messages.append({"role": "system", "content": system_prompt})
@@ -77,5 +124,5 @@ def to_model_messages(
         if message["role"] == "assistant":
             model_messages.extend(_assistant_messages(parts))
         else:
-            model_messages.append({"role": message["role"], "content": _text_of(parts)})
+            model_messages.append({"role": message["role"], "content": _content(parts, files or {})})
     return model_messages

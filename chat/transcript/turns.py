@@ -7,6 +7,7 @@ the worker is enqueued when that transaction commits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import uuid
@@ -29,12 +30,13 @@ from recovery.incident_store import incident_cancelled, incident_mark_running
 from recovery.models import Fiber, FiberQuerySet
 
 from ..conf import frame_limits, think_setting
-from ..exceptions import ConversationBusy, ProtocolError
+from ..exceptions import ConversationBusy, FileRefused, ProtocolError
 from ..models import Conversation, Message
 from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
 from .branches import tail_set_aside
 from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
+from .files import Attachments, attachments_resolve, files_store, principal_file_refusal
 from .quotas import principal_refusal, principal_turn_counted
 from .selectors import messages_list
 from .services import conversation_lock, message_upsert, messages_append
@@ -185,6 +187,11 @@ def turn_accept(
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
         busy = Fiber.objects.filter(conversation=conversation).active()
+        try:
+            files = _request_files(conversation_id, request)
+        except FileRefused as exc:
+            return AcceptedTurn(None, request.id, refused=str(exc))
+        request = dataclasses.replace(request, messages=files.messages)
         refused = principal_refusal(conversation.owner, address=address) or turn_refusal(
             conversation_id=conversation_id,
             request=request,
@@ -196,6 +203,11 @@ def turn_accept(
             return AcceptedTurn(None, request.id, refused=refused)
         if policy == "drop" and busy.exists():
             return AcceptedTurn(None, request.id, dropped=True)
+        try:
+            principal_file_refusal(conversation.owner, sum(len(f.data) for f in files.new))
+        except FileRefused as exc:
+            return AcceptedTurn(None, request.id, refused=str(exc))
+        files_store(conversation_id, conversation.owner, files.new)
         superseded: tuple[str, ...] = ()
         if policy == "latest":
             waiting = _waiting_turns(conversation_id)
@@ -225,6 +237,23 @@ def turn_accept(
         principal_turn_counted(conversation.owner)
         transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded, ahead=ahead)
+
+
+def _request_files(conversation_id: int, request: ChatRequest) -> Attachments:
+    """The request's messages with the file parts of its own (new ones, an edited last one) pointing at
+    stored files, and the files it brings (chat.transcript.files). No query without a file part."""
+    if not any(
+        isinstance(part, dict) and part.get("type") == "file"
+        for message in request.messages
+        for part in message.get("parts") or ()
+    ):
+        return Attachments(request.messages)
+    known = _known_positions(conversation_id, request.messages)
+    check = {m["id"] for m in request.messages if m["id"] not in known}
+    last = request.messages[-1]
+    if last.get("role") == "user":
+        check.add(last["id"])
+    return attachments_resolve(conversation_id, request.messages, check=check)
 
 
 def _new_messages(incoming: list[dict[str, Any]], known: Collection[str]) -> list[dict[str, Any]]:
@@ -498,6 +527,10 @@ def turn_start_programmatic(
                 conversation = _lock_when_idle(conversation_id)
                 current = messages_list(conversation_id=conversation_id)
                 new = ui_messages(messages(current) if callable(messages) else messages)
+                files = attachments_resolve(conversation_id, new, check={m["id"] for m in new})
+                new = files.messages
+                principal_file_refusal(conversation.owner, sum(len(f.data) for f in files.new))
+                files_store(conversation_id, conversation.owner, files.new)
                 for message in new:
                     message_upsert(conversation_id=conversation_id, message=message)
                 request_id = request_id or str(uuid.uuid4())

@@ -211,16 +211,30 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _input_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A chat API content part (chat.transcript.model_messages) as a Responses API input part."""
+    if part.get("type") == "image_url":
+        return {"type": "input_image", "image_url": part["image_url"]["url"]}
+    if part.get("type") == "file":
+        file = part["file"]
+        return {"type": "input_file", "file_data": file["file_data"], "filename": file.get("filename")}
+    return {"type": "input_text", "text": str(part.get("text", ""))}
+
+
 def response_input(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
     """Chat Completions messages as the Responses API's (instructions, input items)."""
     instructions = [_text_of(m.get("content")) for m in messages if m.get("role") == "system"]
     items: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
-        if role in ("user", "assistant"):
-            text = _text_of(message.get("content"))
+        content = message.get("content")
+        if role == "user" and isinstance(content, list) and any(p.get("type") != "text" for p in content):
+            items.append({"role": role, "content": [_input_part(p) for p in content]})
+        elif role in ("user", "assistant"):
+            text = _text_of(content)
             if text:
                 items.append({"role": role, "content": text})
+        if role in ("user", "assistant"):
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
                 items.append(

@@ -19,6 +19,7 @@ from recovery import diagnostics
 from recovery.runtime import db
 
 from ..exceptions import ReattachUnavailable, StreamStalled
+from ..transcript.files import Attachment, attachments_for_model, file_id_of
 from ..transcript.folding import MessageAccumulator, is_tool_part, tool_name_of
 from ..transcript.interactions import result_update
 from ..transcript.model_messages import to_model_messages
@@ -93,6 +94,7 @@ class ModelLoop:
         self.model: str | None = None  # the model of the last step, for its span
         self.output_tokens = 0  # the steps' output tokens, as the model reported them
         self.on_spend = on_spend  # each step's usage and cost, as it ends (the runner records them)
+        self.files: dict[str, Attachment] = {}  # the bytes of the history's files, by id, read once
 
     async def _emit_all(self, chunks: list[dict[str, Any]], cursor: ResponseCursor | None = None) -> None:
         """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
@@ -187,11 +189,26 @@ class ModelLoop:
             return self.accumulator.message()
         return next((m for m in reversed(self.messages) if m.get("role") == "assistant"), None)
 
+    async def _load_files(self) -> None:
+        """Read the files the history's messages attach that this turn has not read yet (a thread's
+        work: storage and database), so the model gets their bytes (chat.transcript.files)."""
+        wanted = {
+            str(file_id)
+            for message in self.messages
+            for part in message.get("parts") or ()
+            if part.get("type") == "file" and (file_id := file_id_of(str(part.get("url", "")))) is not None
+        }
+        if wanted - self.files.keys():
+            conversation_id = self.agent._require_conversation()
+            self.files.update(await db(attachments_for_model, conversation_id, self.messages))
+
     def model_messages(self) -> list[dict[str, Any]]:
         history = list(self.messages)
         if self.accumulator.has_content:
             history.append(self.accumulator.message())
-        model_messages = to_model_messages(history, system_prompt=self.agent.get_system_prompt())
+        model_messages = to_model_messages(
+            history, system_prompt=self.agent.get_system_prompt(), files=self.files
+        )
         if self.continuation and model_messages and model_messages[-1]["role"] == "assistant":
             # Some providers reject assistant prefill: ask to continue instead (never persisted).
             model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
@@ -240,6 +257,7 @@ class ModelLoop:
                 self._reattach_fallback(blocker, self.reattach)
                 self.reattach = None
         resuming = self.reattach
+        await self._load_files()
         events = self._model_events()
         stall_ms = int(self.agent.chat_stream_stall_timeout_ms)
         try:

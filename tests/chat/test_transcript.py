@@ -62,12 +62,40 @@ def test_user_text_parts_are_joined_and_other_parts_ignored() -> None:
         "role": "user",
         "parts": [
             {"type": "text", "text": "Look at "},
-            {"type": "file", "url": "data:image/png;base64,AA==", "mediaType": "image/png"},
             {"type": "text", "text": "this."},
             {"type": "data-x", "data": {"text": "not me"}},
         ],
     }
     assert to_model_messages([message]) == [{"role": "user", "content": "Look at this."}]
+
+
+def test_a_file_stored_inline_still_reaches_the_model_and_a_broken_one_is_named() -> None:
+    """Messages stored before files were kept apart (chat.transcript.files) hold data URLs."""
+    message = {
+        "id": "u",
+        "role": "user",
+        "parts": [
+            {"type": "text", "text": "Look at "},
+            {"type": "file", "url": "data:image/png;base64,AA==", "mediaType": "image/png"},
+            {
+                "type": "file",
+                "url": "data:image/png;base64,@@",
+                "mediaType": "image/png",
+                "filename": "x.png",
+            },
+            {"type": "data-x", "data": {"text": "not me"}},
+        ],
+    }
+    assert to_model_messages([message]) == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Look at "},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+                {"type": "text", "text": "[The file x.png is no longer available.]"},
+            ],
+        }
+    ]
 
 
 def test_user_message_without_parts() -> None:

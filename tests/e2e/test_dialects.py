@@ -16,9 +16,11 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Compaction, Conversation
+from chat.transcript.files import file_id_of
 from recovery.models import Fiber
 from tests.agents import tool_runs
 from tests.conftest import Stack
+from tests.files import PDF, described, file_part, png
 from tests.support import (
     FILLER,
     ChatClient,
@@ -30,8 +32,11 @@ from tests.support import (
     seed,
     user_message,
 )
+from think_scripted.server import message_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+PNG = png()
 
 DIALECTS = ["anthropic", "gemini"]
 CLIENT_TOOLS = [
@@ -269,6 +274,43 @@ async def test_a_tool_call_cut_mid_arguments_is_repaired(dialect_stack: Any) -> 
 async def test_openai_tool_call_cut_mid_arguments_is_repaired(stack: Any) -> None:
     stack.dialect = "openai"
     await assert_cut_call_repaired(stack)
+
+
+async def test_files_reach_the_model_in_the_dialects_own_form(
+    dialect_stack: Any, scripted_model: Any
+) -> None:
+    await assert_files_reach_the_model(dialect_stack, scripted_model)
+
+
+async def test_files_reach_the_openai_model(stack: Any, scripted_model: Any) -> None:
+    stack.dialect = "openai"
+    await assert_files_reach_the_model(stack, scripted_model)
+
+
+async def assert_files_reach_the_model(stack: Any, scripted_model: Any) -> None:
+    """An image, a PDF and a text file attached as data URLs: stored by the web process, read by the
+    worker, and given to the model by litellm in the provider's own blocks (Anthropic's image and
+    document, Gemini's inline data, OpenAI's image_url and file), the bytes intact."""
+    name = new_name(stack, "files")
+    notes = b"# Notes\nbuy milk\n"
+    files = [
+        ("image/png", PNG, "red.png"),
+        ("application/pdf", PDF, "doc.pdf"),
+        ("text/markdown", notes, "notes.md"),
+    ]
+    message = user_message(f"[files] {name}")
+    message["parts"] += [file_part(*f) for f in files]
+    async with ChatClient(stack.port, name) as client:
+        await client.send(chat_request(uuid.uuid4().hex[:10], [message]))
+        log = await follow_conversation(client, timeout=60)
+    assert log.text.startswith("Files: ") and last_done(log)["outcome"] == "completed", log.text
+    for media_type, data, _ in files[:2]:
+        assert described(media_type, data) in log.text
+    [chat] = [c for c in scripted_model.chats if name in message_text(c[-1])]
+    assert "[File notes.md (text/markdown)]\n# Notes\nbuy milk" in message_text(chat[-1]), "text as text"
+    [stored, _] = await transcript("assistant", name)
+    urls = [p["url"] for p in stored["parts"] if p["type"] == "file"]
+    assert len(urls) == 3 and all(file_id_of(u) for u in urls), "kept as files, not inline"
 
 
 SETTLED = {"output-available", "output-error", "output-denied"}
