@@ -4,6 +4,7 @@ layer checks its own keys, recovery.checks)."""
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ POSITIVE_INTEGERS = (
     "MAX_BUFFERED_TOOL_UPDATES",
     "MAX_BUFFERED_TOOL_UPDATE_BYTES",
     "MAX_CLIENT_TOOLS_BYTES",
+    "MAX_FILE_BYTES",
+    "MAX_MESSAGE_FILES",
 )
 
 
@@ -55,6 +58,7 @@ def check_think_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         *_check_limits(),
         *_check_window(),
         *_check_principal_limits(),
+        *_check_file_types(),
         *_check_access(),
         *_check_trusted_origins(),
         *_check_preload(),
@@ -105,6 +109,7 @@ PRINCIPAL_LIMITS = (
     "PRINCIPAL_MAX_CONVERSATIONS",
     "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS",
     "PRINCIPAL_REPLAYS_PER_MINUTE",
+    "PRINCIPAL_FILE_BYTES_PER_DAY",
 )
 
 
@@ -118,6 +123,26 @@ def _check_principal_limits() -> list[CheckMessage]:
         for key in PRINCIPAL_LIMITS
         if (value := think_setting(key)) is not None
         and not (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+    ]
+
+
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*")
+
+
+def _check_file_types() -> list[CheckMessage]:
+    types = think_setting("FILE_TYPES")
+    valid = isinstance(types, list | tuple) and all(
+        isinstance(t, str) and _MEDIA_TYPE.fullmatch(t) for t in types
+    )
+    if valid:
+        return []
+    return [
+        Error(
+            f"THINK['FILE_TYPES'] must be a list of lower-case media types, got {types!r}.",
+            hint="The types of the files users may attach, for example ['image/png', 'application/pdf'] "
+            "(chat.transcript.files; an empty list accepts none).",
+            id="think_chat.E030",
+        )
     ]
 
 

@@ -230,6 +230,9 @@ for _key in (
     "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS",
     "PRINCIPAL_REPLAYS_PER_MINUTE",
     "RECOVERY_CLAIMS_PER_TICK",
+    "MAX_FILE_BYTES",
+    "MAX_MESSAGE_FILES",
+    "PRINCIPAL_FILE_BYTES_PER_DAY",
 ):
     if os.environ.get(f"THINK_{_key}"):
         _value = os.environ[f"THINK_{_key}"]

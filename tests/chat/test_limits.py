@@ -36,6 +36,8 @@ LIMIT_KEYS = [
     "MAX_QUEUED_TURNS",
     "MAX_FRAME_BURST",
     "MAX_NEW_MESSAGES",
+    "MAX_FILE_BYTES",
+    "MAX_MESSAGE_FILES",
 ]
 
 
@@ -65,6 +67,12 @@ def test_a_limit_must_be_a_positive_integer(settings: Any, key: str, value: Any)
     [error] = check_think_settings()
     assert error.id == "think_chat.E007"
     assert f"THINK[{key!r}] must be a positive integer" in error.msg
+
+
+@pytest.mark.parametrize("value", ["image/png", ["image/png", "Image/PNG"], ["png"], [None], None])
+def test_file_types_must_be_a_list_of_media_types(settings: Any, value: Any) -> None:
+    settings.THINK = think(FILE_TYPES=value)
+    assert check_ids() == ["think_chat.E030"]
 
 
 @pytest.mark.parametrize("value", [0, -2.5, "20", None, False])

@@ -194,6 +194,7 @@ def test_the_limits_are_on_by_default() -> None:
         "PRINCIPAL_MAX_CONVERSATIONS",
         "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS",
         "PRINCIPAL_REPLAYS_PER_MINUTE",
+        "PRINCIPAL_FILE_BYTES_PER_DAY",
     }
 
 

@@ -7,14 +7,17 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.files import described, png
 from tests.support import assistant_text, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
+PNG = png()
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox",
@@ -151,6 +154,41 @@ def wait_for_text(page: Any, text: str, timeout: float = 30_000) -> None:
         shown = page.evaluate("JSON.stringify(window.thinkChat.messages())")
         frames = "\n".join(getattr(page, "frames_seen", []))
         raise AssertionError(f"{text!r} never shown.\nmessages: {shown}\nlast frames:\n{frames}") from None
+
+
+def test_attach_files_from_the_page_and_see_them_refused_or_answered(
+    stack: Any, browser: Any, tmp_path: Path
+) -> None:
+    """The attach button uploads each file before the message goes: a refused one (a type not accepted,
+    a file over MAX_FILE_BYTES) is shown and nothing is sent; an image reaches the model and is drawn
+    in the conversation from the server, with the visitor's cookie."""
+    page = open_page(browser, stack.port, f"page-files-{uuid.uuid4().hex[:8]}")
+    evil, big, red = tmp_path / "evil.svg", tmp_path / "big.txt", tmp_path / "red.png"
+    evil.write_text("<svg xmlns='http://www.w3.org/2000/svg' onload='alert(1)'/>")
+    big.write_bytes(b"a" * 5_000_001)
+    red.write_bytes(PNG)
+    page.fill("#message-input", "[files]")
+    for refused, says in ((evil, "'image/svg+xml' are not accepted"), (big, "larger than the 5000000 bytes")):
+        page.set_input_files("#file-input", str(refused))
+        page.click("#send-button")
+        page.wait_for_selector("#error-banner:not([hidden])", timeout=10_000)
+        assert refused.name in page.inner_text("#error-text") and says in page.inner_text("#error-text")
+        assert (
+            page.evaluate("window.thinkChat.messages()") == []
+            and page.input_value("#message-input") == "[files]"
+        )
+        page.click(".attachment-remove")
+        page.click("#error-dismiss")
+    page.set_input_files("#file-input", str(red))
+    assert page.inner_text("#attachments").startswith("red.png")
+    page.click("#send-button")
+    wait_for_text(page, f"Files: {described('image/png', PNG)}")
+    image = page.wait_for_selector("#messages [data-role='user'] img.part-image", timeout=10_000)
+    page.wait_for_function("document.querySelector('img.part-image').complete", timeout=10_000)
+    assert image.evaluate("img => [img.naturalWidth, img.alt]") == [2, "red.png"], "drawn from the server"
+    assert page.is_hidden("#attachments") and page.input_value("#message-input") == ""
+    page.wait_for_function("window.thinkChat.status() === 'idle'", timeout=10_000)
+    page.close()
 
 
 def test_approve_a_tool_from_the_page(stack: Any, browser: Any) -> None:

@@ -95,6 +95,8 @@
     pendingTimer: null,
     recovering: false,
     queued: null, // {id, reason, position}: an accepted turn that waits (cf_agent_chat_queued)
+    attachments: [], // File objects chosen for the next message (uploaded when it is sent)
+    uploading: false,
     renderQueued: false,
     answered: new Set(), // client tool calls this page already answered
     drafts: new Map(), // tool call id -> the answer typed so far
@@ -784,10 +786,61 @@
 
   // ---------------------------------------------------------------- user actions
 
+  // An attached file goes up first (chat.wire.files): the server checks it and answers the file part
+  // (its URL) the message carries. A refusal (too big, a type not accepted) is shown and nothing is sent.
+  async function uploadFile(file) {
+    const url = `${config.mount}files/${encodeURIComponent(state.agent)}/${encodeURIComponent(state.name)}`;
+    const form = new FormData();
+    form.append("file", file, file.name);
+    const res = await fetch(url, {
+      method: "POST",
+      body: form,
+      credentials: "same-origin",
+      headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+    });
+    if (!res.ok) throw new Error(`${file.name}: ${(await res.text()) || `HTTP ${res.status}`}`);
+    return res.json();
+  }
+
+  function csrfToken() {
+    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    return match ? decodeURIComponent(match[1]) : "";
+  }
+
+  async function submitMessage(text) {
+    text = (text || "").trim();
+    const files = state.attachments.slice();
+    if ((!text && !files.length) || isBusy() || state.fatal || state.uploading) return false;
+    const conversation = state.conversation;
+    let fileParts = [];
+    if (files.length) {
+      state.uploading = true;
+      renderStatus();
+      try {
+        fileParts = await Promise.all(files.map(uploadFile));
+      } catch (error) {
+        showError(error.message || String(error));
+        return false;
+      } finally {
+        state.uploading = false;
+        renderStatus();
+      }
+      if (conversation !== state.conversation) return false; // another conversation was opened meanwhile
+    }
+    state.attachments = [];
+    renderAttachments();
+    const parts = text ? [{ type: "text", text }, ...fileParts] : fileParts;
+    return submitParts(parts);
+  }
+
   function submitText(text) {
     text = (text || "").trim();
-    if (!text || isBusy() || state.fatal) return false;
-    const message = { id: randomId(16), role: "user", parts: [{ type: "text", text }] };
+    return text ? submitParts([{ type: "text", text }]) : false;
+  }
+
+  function submitParts(parts) {
+    if (isBusy() || state.fatal) return false;
+    const message = { id: randomId(16), role: "user", parts };
     state.messages.push(message);
     state.transcriptVersion++;
     const requestId = randomId(8);
@@ -1026,6 +1079,34 @@
     return box;
   }
 
+  // A file the server keeps is one of its own URLs (a path on this site); anything else is shown by name.
+  function fileHref(url) {
+    return typeof url === "string" && url.startsWith("/") && !url.startsWith("//") ? url : null;
+  }
+
+  function renderFile(part) {
+    const label = part.filename || part.mediaType || "attachment";
+    const href = fileHref(part.url);
+    if (href && typeof part.mediaType === "string" && part.mediaType.startsWith("image/")) {
+      return h("div", { class: "part part-file" }, h("img", { class: "part-image", src: href, alt: label, loading: "lazy" }));
+    }
+    return h("div", { class: "part part-file" }, href ? h("a", { href, download: label }, label) : `file: ${label}`);
+  }
+
+  function renderAttachments() {
+    els.attachments.replaceChildren(
+      ...state.attachments.map((file, index) =>
+        h(
+          "li",
+          { class: "attachment" },
+          file.name,
+          h("button", { type: "button", class: "attachment-remove", "data-index": index, "aria-label": `Remove ${file.name}` }, "×"),
+        ),
+      ),
+    );
+    els.attachments.hidden = !state.attachments.length;
+  }
+
   function renderPart(part, index) {
     if (!part || typeof part.type !== "string") return null;
     if (part.type === "text") return renderText(part, "text");
@@ -1037,7 +1118,7 @@
       return h("div", { class: "part part-source" }, href ? h("a", { href, rel: "noopener noreferrer", target: "_blank" }, label) : label);
     }
     if (part.type === "source-document") return h("div", { class: "part part-source" }, part.title || "document");
-    if (part.type === "file") return h("div", { class: "part part-file" }, `file: ${part.filename || part.mediaType || "attachment"}`);
+    if (part.type === "file") return renderFile(part);
     if (part.type.startsWith("data-")) {
       return h("details", { class: "part part-data", "data-part-index": index }, h("summary", {}, part.type), h("pre", {}, pretty(part.data)));
     }
@@ -1135,7 +1216,7 @@
     const id = state.identity;
     els.identity.textContent = id ? `${id.agent || state.agent} / ${id.name || state.name}` : `${state.agent} / ${state.name}`;
     const busy = isBusy();
-    els.send.disabled = busy || Boolean(state.fatal);
+    els.send.disabled = busy || Boolean(state.fatal) || state.uploading;
     els.stop.hidden = !(activeStream() || state.pendingId);
     els.stopAll.hidden = !somethingQueued();
   }
@@ -1219,6 +1300,9 @@
       stop: byId("stop-button"),
       stopAll: byId("stop-all-button"),
       clear: byId("clear-button"),
+      attach: byId("attach-button"),
+      fileInput: byId("file-input"),
+      attachments: byId("attachments"),
     });
     if (!els.agent.options.length) {
       for (const agent of config.agents) els.agent.append(h("option", { value: agent }, agent));
@@ -1231,9 +1315,24 @@
       openConversation(els.name.value, els.agent.value);
     });
     els.earlier.addEventListener("click", () => loadEarlier());
-    els.composer.addEventListener("submit", (event) => {
+    els.composer.addEventListener("submit", async (event) => {
       event.preventDefault();
-      if (submitText(els.input.value)) els.input.value = "";
+      const text = els.input.value;
+      if (await submitMessage(text)) {
+        if (els.input.value === text) els.input.value = "";
+      }
+    });
+    els.attach.addEventListener("click", () => els.fileInput.click());
+    els.fileInput.addEventListener("change", () => {
+      state.attachments.push(...els.fileInput.files);
+      els.fileInput.value = "";
+      renderAttachments();
+    });
+    els.attachments.addEventListener("click", (event) => {
+      const button = event.target.closest(".attachment-remove");
+      if (!button) return;
+      state.attachments.splice(Number(button.dataset.index), 1);
+      renderAttachments();
     });
     els.input.addEventListener("keydown", (event) => {
       if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
