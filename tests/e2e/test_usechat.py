@@ -20,15 +20,18 @@ from typing import Any
 
 import pytest
 
+from chat.transcript.files import file_id_of
 from tests.e2e.react_hook import build_bundle, rendered, screen, settle, stored, stored_answer, wait_text
 from tests.e2e.react_hook import watch_in_place as watch_call
 from tests.e2e.react_hook import watch_one_answer as watch_screen
 from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
+from tests.files import described, png
 from tests.support import BIN, ChatClient, Proc, chat_request, free_port, numbers, user_message, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 AGENT = "assistant"
+PNG = png()
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +124,33 @@ def test_a_streamed_answer(stack: Any, context: Any, bundle: Path) -> None:
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     assert answer_text(transcript[1]) == numbers(30)
     assert f"POST /ai/{AGENT}" in page.requests and f"GET /ai/{AGENT}/{name}/stream" in page.requests
+    assert page.errors == [] and page.evaluate("window.chat.errors()") == []
+
+
+def test_files_sent_by_usechat_reach_the_model_and_its_echo_is_not_an_edit(
+    stack: Any, context: Any, bundle: Path, tmp_path: Path
+) -> None:
+    """`sendMessage({text, files})` with a FileList: the AI SDK sends the file as a data URL, and sends it
+    again with every later request (it keeps its own copy). The server keeps one file, the model gets
+    its bytes, and the echo changes nothing."""
+    from chat.models import Branch, ChatFile
+
+    name = new_name("files")
+    page = open_chat(context, stack.port, name)
+    (tmp_path / "red.png").write_bytes(PNG)
+    page.set_input_files("#files", str(tmp_path / "red.png"))
+    page.evaluate("text => { window.chat.sendFiles(text); }", "[files]")
+    transcript = finished(page, name)
+    assert answer_text(transcript[1]) == f"Files: {described('image/png', PNG)}"
+    [kept] = [p for p in transcript[0]["parts"] if p["type"] == "file"]
+    [held] = [p for p in chat_messages(page)[0]["parts"] if p["type"] == "file"]
+    assert file_id_of(kept["url"]) is not None and held["url"].startswith("data:image/png;base64,")
+    send(page, "count to 3")
+    transcript = finished(page, name, answers=2)
+    assert [m["role"] for m in transcript] == ["user", "assistant", "user", "assistant"]
+    assert answer_text(transcript[3]) == numbers(3)
+    assert not Branch.objects.filter(conversation__name=name).exists(), "the echo was not an edit"
+    assert ChatFile.objects.filter(conversation__name=name).count() == 1
     assert page.errors == [] and page.evaluate("window.chat.errors()") == []
 
 

@@ -149,6 +149,8 @@ function Chat({ initial }) {
       errors: () => errors.current.slice(),
       finishes: () => finishes.current.slice(),
       send: (message) => chat.sendMessage({ text: message }),
+      // The files chosen in #files go as the AI SDK sends a FileList: data URLs in the message's parts.
+      sendFiles: (message) => chat.sendMessage({ text: message, files: document.getElementById("files").files }),
       regenerate: () => chat.regenerate(),
       edit: (messageId, text) => chat.sendMessage({ text, messageId }),
       stop,
@@ -173,6 +175,7 @@ function Chat({ initial }) {
         }}
       >
         <input id="input" value={text} onChange={(e) => setText(e.target.value)} />
+        <input id="files" type="file" multiple />
         <button id="send" type="submit">
           Send
         </button>
