@@ -47,11 +47,10 @@ lint:
 	$(BIN)/lint-imports
 	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py makemigrations --check --dry-run
 
-## Three pytest-xdist runners on the two cores (the suite mostly waits on streams and processes: about
-## half the CPU is idle with two), a test file each at a time (a file's stacks stay on its runner), each
-## with its own run id, database, queues and prefixes (tests/settings.py); the slowest files first
-## (tests/conftest.py SLOW_FIRST). docs/testing.md.
-PYTEST_WORKERS ?= 3
+## Both cores: two pytest-xdist runners, a test file each at a time (a file's stacks stay on its runner),
+## each with its own run id, database, queues and prefixes (tests/settings.py); the three long one-test
+## files first (tests/conftest.py LONG_FIRST). docs/testing.md.
+PYTEST_WORKERS ?= 2
 pytest:
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

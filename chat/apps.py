@@ -47,3 +47,10 @@ class ChatConfig(AppConfig):
         register_target(interrupted.ChatTarget())
         register_callback(interrupted.CONTINUE_CALLBACK, continuation.continue_alarm)
         register_callback(interrupted.RETRY_CALLBACK, continuation.retry_alarm)
+        # A file's row deleted (its conversation deleted): its bytes go from the storage once that commits.
+        from django.db.models.signals import post_delete
+
+        from .models import ChatFile
+        from .transcript.files import file_deleted
+
+        post_delete.connect(file_deleted, sender=ChatFile, dispatch_uid="think_chat_file_deleted")

@@ -112,6 +112,11 @@ DEFAULTS: dict[str, Any] = {
     "MAX_FILE_BYTES": 5_000_000,
     "MAX_MESSAGE_FILES": 10,
     "PRINCIPAL_FILE_BYTES_PER_DAY": 100_000_000,
+    # Anonymous visitors get a new principal with each cookie: their files are also counted per client
+    # address, for a day from its first (in the shared cache).
+    "ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS": 200_000_000,
+    # The bytes of files one model call carries: the newest files first; older ones are named, not sent.
+    "MAX_MODEL_FILE_BYTES": 20_000_000,
 }
 
 

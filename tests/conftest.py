@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 
@@ -190,34 +191,21 @@ _shared: list[Stack] = []
 _modules_with_stack: set[str] = set()
 
 
-# The files that take longest (about 25 to 95 s each of one runner's time, tests/e2e), run first: with
-# `make pytest` (--no-loadscope-reorder) a runner takes the files in this order, then the rest as
-# collected, so the run ends on short files and no runner waits long for the last one (docs/testing.md).
-SLOW_FIRST = [
-    f"tests/e2e/{name}.py"
-    for name in (
-        "test_recovery",
-        "test_dialects",
-        "test_infra_faults",
-        "test_react_hook",
-        "test_usechat",
-        "test_soak",
-        "test_model_faults",
-        "test_hostsite",
-        "test_make_run",
-        "test_http_wire",
-        "test_liveness",
-        "test_reattach",
-        "test_readme_site",
-        "test_frame_fuzz",
-        "test_overload",
-    )
-]
+# The order the runners take the files in (with `make pytest`'s --no-loadscope-reorder): the three long
+# files of one test each first, one per runner, then the files with more tests before those with fewer,
+# as pytest-xdist orders them itself. Its own order would leave those three for last, and the run would
+# end waiting for them (docs/testing.md).
+LONG_FIRST = ("tests/e2e/test_soak.py", "tests/e2e/test_overload.py", "tests/e2e/test_make_run.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: index for index, path in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: files stay whole
+    files = collections.Counter(item.nodeid.split("::")[0] for item in items)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::")[0]
+        return (LONG_FIRST.index(path), 0) if path in LONG_FIRST else (len(LONG_FIRST), -files[path])
+
+    items.sort(key=rank)  # stable: a file's tests stay together and in order
     for item in items:
         if "stack" in getattr(item, "fixturenames", ()):
             _modules_with_stack.add(item.nodeid.split("::")[0])

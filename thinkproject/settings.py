@@ -233,6 +233,8 @@ for _key in (
     "MAX_FILE_BYTES",
     "MAX_MESSAGE_FILES",
     "PRINCIPAL_FILE_BYTES_PER_DAY",
+    "ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS",
+    "MAX_MODEL_FILE_BYTES",
 ):
     if os.environ.get(f"THINK_{_key}"):
         _value = os.environ[f"THINK_{_key}"]

@@ -26,9 +26,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.cache import cache
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -36,6 +37,8 @@ from django.utils import timezone
 from ..conf import think_setting
 from ..exceptions import FileRefused
 from ..models import ChatFile
+from .quotas import ANONYMOUS_PREFIX
+from .services import conversation_lock
 
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)((?:;[\w.+-]+=[^;,]*)*);base64,", re.ASCII)
 _FILE_ID = re.compile(r"/files/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/?$")
@@ -202,7 +205,7 @@ def _resolve_part(
         )
         if stored is not None:
             known[digest] = stored
-            return _part(str(stored.id), stored.media_type, filename or stored.filename)
+            return _part(str(stored.id), stored.media_type, filename)
         pending = new.get(digest)
         if pending is None:
             pending = new[digest] = NewFile(uuid.uuid4(), media_type, data, filename, digest)
@@ -217,7 +220,7 @@ def _resolve_part(
         raise FileRefused(
             "a file part's 'url' must be a data URL or the URL of a file uploaded to this conversation", 400
         )
-    return _part(str(stored.id), stored.media_type, filename or stored.filename)
+    return _part(str(stored.id), stored.media_type, filename)
 
 
 def _part(file_id: str, media_type: str, filename: str) -> dict[str, Any]:
@@ -230,11 +233,16 @@ def _part(file_id: str, media_type: str, filename: str) -> dict[str, Any]:
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
-def principal_file_refusal(principal: str, adding: int) -> None:
+def principal_file_refusal(principal: str, adding: int, *, address: str | None = None) -> None:
     """FileRefused (429) when `adding` more bytes would take `principal` past THINK["PRINCIPAL_FILE_
-    BYTES_PER_DAY"]. Call in the storing transaction: the lock it takes is held until that ends."""
+    BYTES_PER_DAY"], or, an anonymous visitor (a new principal with every cookie), their client
+    `address` past THINK["ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS"]. Call in the storing transaction:
+    the lock it takes is held until that ends."""
+    if not principal or not adding:
+        return
+    _address_file_refusal(principal, adding, address)
     most = think_setting("PRINCIPAL_FILE_BYTES_PER_DAY")
-    if not principal or most is None or not adding:
+    if most is None:
         return
     with connection.cursor() as cursor:
         cursor.execute(_LOCK, [f"think-files:{principal}"])
@@ -243,6 +251,19 @@ def principal_file_refusal(principal: str, adding: int) -> None:
     if (used or 0) + adding > most:
         raise FileRefused(
             f"you have stored {used or 0} bytes of files today (UTC); at most {most} are accepted a day", 429
+        )
+
+
+def _address_file_refusal(principal: str, adding: int, address: str | None) -> None:
+    most = think_setting("ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS")
+    if most is None or not address or not principal.startswith(ANONYMOUS_PREFIX):
+        return
+    key = f"think:anonymous-file-bytes:{address}"
+    cache.add(key, 0, timeout=86_400)  # a day from the address's first file
+    if cache.incr(key, adding) > most:
+        cache.decr(key, adding)  # refused: these bytes are not kept
+        raise FileRefused(
+            f"more than {most} bytes of files a day from your address without signing in; sign in", 429
         )
 
 
@@ -267,16 +288,25 @@ def files_store(conversation_id: int, owner: str, files: list[NewFile]) -> list[
     return ChatFile.objects.bulk_create(rows)
 
 
-def file_upload(conversation_id: int, owner: str, media_type: str, data: bytes, filename: str) -> ChatFile:
+def file_upload(
+    conversation_id: int,
+    owner: str,
+    media_type: str,
+    data: bytes,
+    filename: str,
+    *,
+    address: str | None = None,
+) -> ChatFile:
     """An uploaded file, checked and kept (or the conversation's file with the same content); call in a
     transaction (the owner's daily bytes are counted under a lock held until it ends)."""
     check_file(media_type, data)
     _filename({"filename": filename or None})
     digest = hashlib.sha256(data).hexdigest()
+    conversation_lock(conversation_id)  # as a chat request does: one content, one file
     existing = ChatFile.objects.filter(conversation_id=conversation_id, sha256=digest).first()
     if existing is not None:
         return existing
-    principal_file_refusal(owner, len(data))
+    principal_file_refusal(owner, len(data), address=address)
     [row] = files_store(conversation_id, owner, [NewFile(uuid.uuid4(), media_type, data, filename, digest)])
     return row
 
@@ -284,6 +314,11 @@ def file_upload(conversation_id: int, owner: str, media_type: str, data: bytes, 
 def file_part(row: ChatFile) -> dict[str, Any]:
     """The AI SDK file part (FileUIPart) of a stored file."""
     return _part(str(row.id), row.media_type, row.filename)
+
+
+def file_deleted(sender: type[ChatFile], instance: ChatFile, **kwargs: Any) -> None:
+    """post_delete of a ChatFile (chat.apps): its bytes leave the storage after the commit."""
+    transaction.on_commit(lambda: default_storage.delete(instance.storage_name))
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def turn_accept(
         if policy == "drop" and busy.exists():
             return AcceptedTurn(None, request.id, dropped=True)
         try:
-            principal_file_refusal(conversation.owner, sum(len(f.data) for f in files.new))
+            principal_file_refusal(conversation.owner, sum(len(f.data) for f in files.new), address=address)
         except FileRefused as exc:
             return AcceptedTurn(None, request.id, refused=str(exc))
         files_store(conversation_id, conversation.owner, files.new)
@@ -251,7 +251,7 @@ def _request_files(conversation_id: int, request: ChatRequest) -> Attachments:
     known = _known_positions(conversation_id, request.messages)
     check = {m["id"] for m in request.messages if m["id"] not in known}
     last = request.messages[-1]
-    if last.get("role") == "user":
+    if last.get("role") == "user" and request.trigger == "submit-message":  # an edit, maybe (_edit_of)
         check.add(last["id"])
     return attachments_resolve(conversation_id, request.messages, check=check)
 

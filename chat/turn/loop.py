@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from recovery import diagnostics
 from recovery.runtime import db
 
+from ..conf import think_setting
 from ..exceptions import ReattachUnavailable, StreamStalled
 from ..transcript.files import Attachment, attachments_for_model, file_id_of
 from ..transcript.folding import MessageAccumulator, is_tool_part, tool_name_of
@@ -207,7 +208,10 @@ class ModelLoop:
         if self.accumulator.has_content:
             history.append(self.accumulator.message())
         model_messages = to_model_messages(
-            history, system_prompt=self.agent.get_system_prompt(), files=self.files
+            history,
+            system_prompt=self.agent.get_system_prompt(),
+            files=self.files,
+            max_file_bytes=think_setting("MAX_MODEL_FILE_BYTES"),
         )
         if self.continuation and model_messages and model_messages[-1]["role"] == "assistant":
             # Some providers reject assistant prefill: ask to continue instead (never persisted).

@@ -77,18 +77,21 @@ def _keep(request: HttpRequest, door: _Door, agent: str, name: str) -> dict[str,
         agent=agent, name=name, principal=door.principal, policy=access_policy(), address=door.address
     )
     with transaction.atomic():
-        row = file_upload(conversation.pk, door.principal, media_type, data, upload.name or "")
+        row = file_upload(
+            conversation.pk, door.principal, media_type, data, upload.name or "", address=door.address
+        )
     return file_part(row)
 
 
 @require_GET
 async def serve(request: HttpRequest, file_id: uuid.UUID) -> HttpResponseBase:
     credentials = Credentials.from_request(request)
-    row = await in_pool(_readable)(credentials, file_id)
-    if row is None:
+    found = await in_pool(_readable)(credentials, file_id)
+    if found is None:
         return _refused(404, "no such file")
+    row, handle = found
     response = FileResponse(
-        default_storage.open(row.storage_name, "rb"),
+        handle,
         content_type=row.media_type,
         as_attachment=not row.media_type.startswith("image/"),
         filename=row.filename,
@@ -99,8 +102,9 @@ async def serve(request: HttpRequest, file_id: uuid.UUID) -> HttpResponseBase:
     return response
 
 
-def _readable(credentials: Credentials, file_id: uuid.UUID) -> ChatFile | None:
-    """The file, if the caller may open its conversation and its bytes are there; None otherwise."""
+def _readable(credentials: Credentials, file_id: uuid.UUID) -> tuple[ChatFile, Any] | None:
+    """The file and its bytes opened, if the caller may open its conversation and the bytes are there;
+    None otherwise."""
     policy = access_policy()
     try:
         principal = policy.principal(credentials)
@@ -109,4 +113,7 @@ def _readable(credentials: Credentials, file_id: uuid.UUID) -> ChatFile | None:
     row = ChatFile.objects.select_related("conversation").filter(pk=file_id).first()
     if row is None or not policy.may_access(principal, row.conversation):
         return None
-    return row if default_storage.exists(row.storage_name) else None
+    try:
+        return row, default_storage.open(row.storage_name, "rb")
+    except OSError:  # deleted from the storage
+        return None

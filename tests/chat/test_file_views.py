@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
@@ -23,9 +24,9 @@ PNG = png()
 UPLOAD = reverse("think_chat:file-upload", args=["assistant", "files-http"])
 
 
-def upload(client: Client, name: str, media_type: str, data: bytes, **headers: Any) -> Any:
+def upload(client: Client, name: str, media_type: str, data: bytes, url: str = UPLOAD, **headers: Any) -> Any:
     return client.post(
-        UPLOAD, {"file": SimpleUploadedFile(name, data, content_type=media_type)}, headers=headers
+        url, {"file": SimpleUploadedFile(name, data, content_type=media_type)}, headers=headers
     )
 
 
@@ -117,6 +118,31 @@ def test_a_principals_uploads_are_bounded_per_day(settings: Any) -> None:
     assert upload(client, "a.txt", "text/plain", b"a" * 100, **auth_headers()).status_code == 201
     refused = upload(client, "b.txt", "text/plain", b"b" * 100, **auth_headers())
     assert refused.status_code == 429 and "stored 100 bytes of files today" in refused.content.decode()
+    assert ChatFile.objects.count() == 1
+
+
+def test_anonymous_visitors_files_are_bounded_per_address(settings: Any) -> None:
+    """A new cookie is a new principal: an anonymous visitor's bytes also count against the address."""
+    settings.THINK = {
+        **settings.THINK,
+        "ACCESS_POLICY": "chat.access.SessionAccess",
+        "PRINCIPAL_FILE_BYTES_PER_DAY": None,
+        "ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS": 150,
+    }
+    answers, address = [], f"192.0.2.{uuid.uuid4().int % 250}"
+    for tag in ("first", "second"):  # two visitors, one address
+        visitor = Client(enforce_csrf_checks=True, REMOTE_ADDR=address)
+        visitor.get(reverse("think_chat:index"))
+        token = visitor.cookies["csrftoken"].value
+        url = reverse("think_chat:file-upload", args=["assistant", f"files-{tag}"])  # each their own
+        answers.append(
+            upload(visitor, f"{tag}.txt", "text/plain", tag.encode() * 20, url, **{"X-CSRFToken": token})
+        )
+    assert answers[0].status_code == 201
+    assert (
+        answers[1].status_code == 429
+        and "from your address without signing in" in answers[1].content.decode()
+    )
     assert ChatFile.objects.count() == 1
 
 

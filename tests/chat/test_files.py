@@ -86,6 +86,38 @@ def test_the_same_bytes_again_are_the_same_file_and_an_echo_is_not_an_edit(
     assert len(stored_files(conversation)) == 1, "one file for one content"
 
 
+def test_parts_with_the_same_bytes_keep_their_own_names_and_their_echo_is_not_an_edit(
+    conversation: Conversation,
+) -> None:
+    named, unnamed = file_part("text/plain", b"same", "a.txt"), file_part("text/plain", b"same")
+    accept(conversation, user("u1", named, unnamed))
+    parts = messages_list(conversation_id=conversation.pk)[0]["parts"]
+    assert [p.get("filename") for p in parts[1:]] == ["a.txt", None]
+    Fiber.objects.filter(conversation=conversation).update(status=Fiber.Status.COMPLETED)
+    assert not accept(conversation, user("u1", named, unnamed), request_id="r2").refused
+    assert not Branch.objects.filter(conversation=conversation).exists()
+    assert len(stored_files(conversation)) == 1
+
+
+def test_a_regenerate_stores_no_file_of_the_message_it_does_not_change(conversation: Conversation) -> None:
+    accept(conversation, user("u1", file_part("text/plain", b"first")))
+    Fiber.objects.filter(conversation=conversation).update(status=Fiber.Status.COMPLETED)
+    swapped = user("u1", file_part("text/plain", b"other bytes"))
+    request = ChatRequest("r2", [swapped], "regenerate-message")
+    assert not turn_accept(conversation_id=conversation.pk, request=request).refused
+    assert [f.size for f in stored_files(conversation)] == [5]
+
+
+def test_a_deleted_conversations_files_leave_the_storage(
+    conversation: Conversation, django_capture_on_commit_callbacks: Any
+) -> None:
+    accept(conversation, user("u1", file_part("image/png", PNG)))
+    [row] = stored_files(conversation)
+    with django_capture_on_commit_callbacks(execute=True):
+        conversation.delete()
+    assert not default_storage.exists(row.storage_name)
+
+
 def test_an_uploaded_files_url_is_accepted_for_its_own_conversation_only(conversation: Conversation) -> None:
     accept(conversation, user("u1", file_part("application/pdf", PDF, "doc.pdf")))
     [row] = stored_files(conversation)

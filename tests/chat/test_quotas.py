@@ -195,6 +195,7 @@ def test_the_limits_are_on_by_default() -> None:
         "ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS",
         "PRINCIPAL_REPLAYS_PER_MINUTE",
         "PRINCIPAL_FILE_BYTES_PER_DAY",
+        "ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS",
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from chat.transcript.model_messages import to_model_messages
+from tests.files import data_url, png
 
 
 def user(text: str, message_id: str = "u") -> dict[str, Any]:
@@ -70,19 +71,23 @@ def test_user_text_parts_are_joined_and_other_parts_ignored() -> None:
 
 
 def test_a_file_stored_inline_still_reaches_the_model_and_a_broken_one_is_named() -> None:
-    """Messages stored before files were kept apart (chat.transcript.files) hold data URLs."""
+    """Messages stored before files were kept apart (chat.transcript.files) hold data URLs: checked as
+    a new file is (bytes that are not what they claim are left out)."""
+    broken = {"type": "file", "url": "data:image/png;base64,@@", "mediaType": "image/png", "filename": "x"}
+    lying = {
+        "type": "file",
+        "url": data_url("image/png", b"<html>"),
+        "mediaType": "image/png",
+        "filename": "y",
+    }
     message = {
         "id": "u",
         "role": "user",
         "parts": [
             {"type": "text", "text": "Look at "},
-            {"type": "file", "url": "data:image/png;base64,AA==", "mediaType": "image/png"},
-            {
-                "type": "file",
-                "url": "data:image/png;base64,@@",
-                "mediaType": "image/png",
-                "filename": "x.png",
-            },
+            {"type": "file", "url": data_url("image/png", PNG), "mediaType": "image/png"},
+            broken,
+            lying,
             {"type": "data-x", "data": {"text": "not me"}},
         ],
     }
@@ -91,11 +96,33 @@ def test_a_file_stored_inline_still_reaches_the_model_and_a_broken_one_is_named(
             "role": "user",
             "content": [
                 {"type": "text", "text": "Look at "},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
-                {"type": "text", "text": "[The file x.png is no longer available.]"},
+                {"type": "image_url", "image_url": {"url": data_url("image/png", PNG)}},
+                {"type": "text", "text": "[The file x is no longer available.]"},
+                {"type": "text", "text": "[The file y is no longer available.]"},
             ],
         }
     ]
+
+
+def test_the_newest_files_fill_a_model_call_and_older_ones_are_named() -> None:
+    """One 100-byte budget, three files of 60 bytes: the newest goes, the two before it are named."""
+    files = [
+        {"type": "file", "url": data_url("text/plain", bytes([97 + i]) * 60), "filename": f"f{i}"}
+        for i in range(3)
+    ]
+    messages = [
+        {"id": "u1", "role": "user", "parts": files[:2]},
+        {"id": "u2", "role": "user", "parts": [files[2]]},
+    ]
+    first, second = to_model_messages(messages, max_file_bytes=100)
+    assert [p["text"] for p in first["content"]] == [
+        f"[The file f{i} is left out: newer files fill this request.]" for i in range(2)
+    ]
+    assert second["content"] == [{"type": "text", "text": "[File f2 (text/plain)]\n" + "c" * 60}]
+    assert all("left out" not in p["text"] for m in to_model_messages(messages) for p in m["content"])
+
+
+PNG = png()
 
 
 def test_user_message_without_parts() -> None:
