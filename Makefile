@@ -48,11 +48,10 @@ lint:
 	DJANGO_SETTINGS_MODULE=tests.settings $(PY) manage.py makemigrations --check --dry-run
 
 ## Both cores: two pytest-xdist runners, a test file each at a time (a file's stacks stay on its runner),
-## each with its own run id, database, queues and prefixes (tests/settings.py); the three long one-test
-## files first (tests/conftest.py LONG_FIRST). docs/testing.md.
+## each with its own run id, database, queues and prefixes (tests/settings.py). docs/testing.md.
 PYTEST_WORKERS ?= 2
 pytest:
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 fmt: install
 	$(BIN)/ruff format .

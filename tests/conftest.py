@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 
@@ -191,21 +190,7 @@ _shared: list[Stack] = []
 _modules_with_stack: set[str] = set()
 
 
-# The order the runners take the files in (with `make pytest`'s --no-loadscope-reorder): the three long
-# files of one test each first, one per runner, then the files with more tests before those with fewer,
-# as pytest-xdist orders them itself. Its own order would leave those three for last, and the run would
-# end waiting for them (docs/testing.md).
-LONG_FIRST = ("tests/e2e/test_soak.py", "tests/e2e/test_overload.py", "tests/e2e/test_make_run.py")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    files = collections.Counter(item.nodeid.split("::")[0] for item in items)
-
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        path = item.nodeid.split("::")[0]
-        return (LONG_FIRST.index(path), 0) if path in LONG_FIRST else (len(LONG_FIRST), -files[path])
-
-    items.sort(key=rank)  # stable: a file's tests stay together and in order
     for item in items:
         if "stack" in getattr(item, "fixturenames", ()):
             _modules_with_stack.add(item.nodeid.split("::")[0])
