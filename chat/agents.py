@@ -36,6 +36,7 @@ from .turn import llm
 from .turn.context import RunContext
 from .turn.errors import default_chat_error_classifier
 from .turn.loop import StepResult
+from .turn.mcp import MCPServer
 from .turn.overflow import ChatErrorContext, ContextOverflow, Proactive, default_context_overflow_classifier
 from .turn.pricing import ModelPrices
 from .turn.tools import Tool, tool
@@ -61,6 +62,7 @@ __all__ = [
     "ChatErrorContext",
     "CompactionResult",
     "ContextOverflow",
+    "MCPServer",
     "Proactive",
     "create_compact_function",
     "default_chat_error_classifier",
@@ -113,6 +115,9 @@ class Think:
     system_prompt: ClassVar[str | None] = None
     #: The server tools the model may call; client tools come from the client's request (`get_tools()`).
     tools: ClassVar[Sequence[Tool]] = ()
+    #: MCP servers whose tools the model may call too (`get_mcp_servers()`; the `mcp` extra). A turn
+    #: connects to each when it starts (chat.turn.mcp).
+    mcp_servers: ClassVar[Sequence[MCPServer]] = ()
     #: Recovery budget and give-up behaviour (`get_chat_recovery()`). Recovery from crashes cannot be
     #: switched off; False only makes a rate-limited or transiently failed model call end the turn at once.
     chat_recovery: ClassVar[ChatRecovery | bool | None] = True
@@ -165,6 +170,11 @@ class Think:
     def get_tools(self) -> list[Tool]:
         """The server tools: `tools`."""
         return list(self.tools)
+
+    def get_mcp_servers(self) -> list[MCPServer]:
+        """The MCP servers whose tools the model may call: `mcp_servers`. Override it to choose them per
+        conversation (`self.context` holds the turn's owner and user), or to read a URL or a token."""
+        return list(self.mcp_servers)
 
     def get_chat_recovery(self) -> ChatRecovery:
         """The recovery budget: `chat_recovery` (True or None: the defaults)."""

@@ -3,6 +3,7 @@ layer checks its own keys, recovery.checks)."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from .conf import think_setting
 from .origins import origin_problem
 from .secret_key import HINT as SECRET_KEY_HINT
 from .secret_key import secret_key_problems
+from .turn.mcp import MCPServer
 from .turn.overflow import ContextOverflow
 from .turn.pricing import ModelPrices
 from .turn.tools import Tool
@@ -309,6 +311,16 @@ def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
     else:
         hint = "Annotate its parameters with types pydantic can validate, or pass parameters={...}."
         found.extend((f"{t.schema_error}.", "E029", hint) for t in tools if t.schema_error is not None)
+    servers = cls.mcp_servers
+    if (
+        isinstance(servers, str | bytes)
+        or not isinstance(servers, Sequence)
+        or not all(isinstance(item, MCPServer) for item in servers)
+    ):
+        found.append((f"mcp_servers must be a list of MCPServer objects, got {servers!r}.", "E031", None))
+    elif servers and importlib.util.find_spec("mcp") is None:
+        hint = "pip install 'thinkproject[mcp]' (the official MCP SDK)."
+        found.append(("mcp_servers needs the mcp package, which is not installed.", "E031", hint))
     model = cls.model
     if not (
         model is None or (isinstance(model, str) and model) or (isinstance(model, dict) and "model" in model)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -18,6 +20,7 @@ from chat.agents import (
     ChatRecoveryContext,
     ChatRecoveryOptions,
     ContextOverflow,
+    MCPServer,
     ModelPrices,
     Proactive,
     RunContext,
@@ -311,3 +314,31 @@ class LitellmReadAgent(Assistant):
     """The demo agent with every model stream read by litellm (Think.lean_model_read off)."""
 
     lean_model_read = False
+
+
+def mcp_servers_set(url: str, call_log: str) -> None:
+    """Where McpAgent's turns find the test's MCP server (tests/mcp_server.py), for this run."""
+    probe_redis().set(probe_key("mcp", "servers"), json.dumps({"url": url, "call_log": call_log}))
+
+
+class McpAgent(Think):
+    """Tools from two MCP servers, chosen per turn (`get_mcp_servers`): the test's server over streamable
+    HTTP, its tools prefixed `shop_`, and the same server over stdio with only `add` and `refuse`, which
+    a human approves."""
+
+    chat_recovery = ChatRecovery(max_attempts=5, stable_timeout_ms=1500, no_progress_timeout_ms=60_000)
+
+    def get_mcp_servers(self) -> list[MCPServer]:
+        found = json.loads(probe_redis().get(probe_key("mcp", "servers")) or "{}")  # type: ignore[arg-type]
+        return [
+            MCPServer("shop", url=found["url"], tool_prefix="shop_", timeout_s=60),
+            MCPServer(
+                "local",
+                command=sys.executable,
+                args=["-m", "tests.mcp_server", "stdio"],
+                env={"MCP_CALL_LOG": found["call_log"]},
+                cwd=str(Path(__file__).resolve().parent.parent),
+                tools=["add", "refuse"],
+                needs_approval=["refuse"],
+            ),
+        ]

@@ -66,6 +66,7 @@ THINK = {
         "proactive-agent": "tests.agents.ProactiveAgent",
         "both-layers-agent": "tests.agents.BothLayersAgent",
         "litellm-read-agent": "tests.agents.LitellmReadAgent",
+        "mcp-agent": "tests.agents.McpAgent",
     },
 }
 # The one test principal holds many sockets, conversations and replays over a run: those bounds are lifted

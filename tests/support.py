@@ -376,6 +376,14 @@ class ConversationLog:
         ) or any(s.done is not None and s.done.get("error") for s in self.streams.values())
 
 
+def continuation_completed(log: ConversationLog) -> bool:
+    """A continuation (after a tool's answer, or a recovery's) ended well: its message is stored whole."""
+    return any(
+        s.done is not None and s.done.get("continuation") and s.done.get("outcome") == "completed"
+        for s in log.streams.values()
+    )
+
+
 async def follow_conversation(
     client: ChatClient,
     log: ConversationLog | None = None,

@@ -115,10 +115,12 @@ def test_dependencies_are_the_core_and_the_server_is_an_extra(wheel: zipfile.Zip
         "prometheus-client",
         "pydantic",
     }
-    assert set(meta.get_all("Provides-Extra") or []) == {"server", "scripted", "demo", "otel", "dev"}
+    assert set(meta.get_all("Provides-Extra") or []) == {"server", "scripted", "demo", "otel", "mcp", "dev"}
     assert extra(requires, "server") == {"daphne"}
     # Tracing is optional, and the apps need only the API of it (the site picks an SDK and an exporter).
     assert extra(requires, "otel") == {"opentelemetry-api"}
+    # MCP servers' tools too: the SDK is imported only by a turn of an agent that names servers.
+    assert extra(requires, "mcp") == {"mcp"}
 
 
 def test_the_scripted_model_is_an_installable_command(wheel: zipfile.ZipFile) -> None:

@@ -48,10 +48,13 @@ def tool_part_name(part: Part) -> str:
 
 def server_tool_call(part: Part, update: dict[str, Any]) -> bool:
     """Whether a result answers a call of a server tool (`update["serverTools"]`: the agent's, when the
-    answer arrived), or one waiting for approval, which only server tools ask for. Its output is
-    written by the worker that runs it, never by a client: not while it runs, not instead of the
-    approval (approving runs it), not after an interruption left it unanswered."""
+    answer arrived), one waiting for approval, which only server tools ask for, or a `dynamic-tool` call,
+    which only the worker makes (an MCP server's tool, chat.turn.mcp). Its output is written by the
+    worker that runs it, never by a client: not while it runs, not instead of the approval (approving
+    runs it), not after an interruption left it unanswered."""
     if part.get("state") in ("approval-requested", "approval-responded"):
+        return True
+    if part.get("type") == "dynamic-tool":
         return True
     return tool_part_name(part) in update.get("serverTools", ())
 

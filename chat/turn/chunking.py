@@ -35,8 +35,9 @@ FINISH_REASONS = {
 class UIChunker:
     """Turns one model step's events into UI chunks; one instance per assistant message."""
 
-    def __init__(self, message_id: str) -> None:
+    def __init__(self, message_id: str, *, dynamic: frozenset[str] = frozenset()) -> None:
         self.message_id = message_id
+        self.dynamic = dynamic  # the tools whose calls are `dynamic-tool` parts (an MCP server's)
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.step_usage: Usage | None = None
@@ -122,7 +123,9 @@ class UIChunker:
             }
             self._tool_calls[event.index] = call
             chunks += self._close_blocks()
-            chunks.append({"type": "tool-input-start", "toolCallId": call["id"], "toolName": call["name"]})
+            chunks.append(
+                self._call({"type": "tool-input-start", "toolCallId": call["id"], "toolName": call["name"]})
+            )
         if event.arguments:
             call["args"] += event.arguments
             chunks.append(
@@ -142,25 +145,35 @@ class UIChunker:
             )
             if isinstance(parsed, dict):
                 chunks.append(
-                    {
-                        "type": "tool-input-available",
-                        "toolCallId": call["id"],
-                        "toolName": call["name"],
-                        "input": parsed,
-                    }
+                    self._call(
+                        {
+                            "type": "tool-input-available",
+                            "toolCallId": call["id"],
+                            "toolName": call["name"],
+                            "input": parsed,
+                        }
+                    )
                 )
             else:
                 chunks.append(
-                    {
-                        "type": "tool-input-error",
-                        "toolCallId": call["id"],
-                        "toolName": call["name"],
-                        "input": call["args"],
-                        "errorText": "The model produced tool input that is not a JSON object.",
-                    }
+                    self._call(
+                        {
+                            "type": "tool-input-error",
+                            "toolCallId": call["id"],
+                            "toolName": call["name"],
+                            "input": call["args"],
+                            "errorText": "The model produced tool input that is not a JSON object.",
+                        }
+                    )
                 )
         self._tool_calls.clear()
         return chunks
+
+    def _call(self, chunk: Chunk) -> Chunk:
+        """A call chunk, marked `dynamic` for a tool known only at run time (its part: `dynamic-tool`)."""
+        if chunk["toolName"] in self.dynamic:
+            chunk["dynamic"] = True
+        return chunk
 
     @property
     def tool_calls_pending(self) -> bool:

@@ -112,7 +112,7 @@ class ModelLoop:
                 await self.emit(chunk)
 
     async def run(self) -> None:
-        chunker = UIChunker(self.accumulator.message_id)
+        chunker = UIChunker(self.accumulator.message_id, dynamic=self.toolset.dynamic)
         await self._emit_all(chunker.start(continuation=self.continuation))
         await self._run_approved()
         for number in range(1, int(self.agent.max_steps) + 1):

@@ -51,6 +51,7 @@ from .context import run_context_load
 from .continuation import settle_recovered_turn
 from .llm import Usage
 from .loop import ModelLoop
+from .mcp import MCPToolbox, mcp_server_list
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
 from .tools import Toolset
 
@@ -315,7 +316,13 @@ class TurnRunner:
             request_id=self.request_id,
             incident_id=self.incident_id,
         )
-        toolset = Toolset(agent.get_tools(), self.client_tools)
+        own = agent.get_tools()
+        servers = mcp_server_list(agent.get_mcp_servers())
+        async with MCPToolbox(servers, taken={t.name for t in own}, agent=agent) as mcp_tools:
+            toolset = Toolset([*own, *mcp_tools], self.client_tools)
+            await self._produce_with(agent, messages, toolset)
+
+    async def _produce_with(self, agent: Think, messages: list[dict[str, Any]], toolset: Toolset) -> None:
         overflow = agent.get_context_overflow()
         attempt = 0
         while True:

@@ -54,6 +54,8 @@ class Tool:
     needs_approval: bool = False
     signature: Signature | None = field(default=None, compare=False, repr=False)
     schema_error: str | None = field(default=None, compare=False)
+    #: Known only at run time (an MCP server's): its calls are `dynamic-tool` parts, which no client answers.
+    dynamic: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not TOOL_NAME.match(self.name):
@@ -137,7 +139,8 @@ def client_tool_from_declaration(declaration: dict[str, Any]) -> Tool | None:
 
 
 class Toolset:
-    """The tools of one turn: the agent's server tools, then the client's (a server tool wins a name)."""
+    """The tools of one turn: the agent's server tools (its own, then its MCP servers'), then the client's
+    (a server tool wins a name)."""
 
     def __init__(self, server: Iterable[Tool], client: Iterable[dict[str, Any]] | None = None) -> None:
         self.tools: dict[str, Tool] = {}
@@ -154,6 +157,11 @@ class Toolset:
 
     def get(self, name: str) -> Tool | None:
         return self.tools.get(name)
+
+    @property
+    def dynamic(self) -> frozenset[str]:
+        """The names of the tools known only at run time (an MCP server's)."""
+        return frozenset(name for name, item in self.tools.items() if item.dynamic)
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]

@@ -152,6 +152,17 @@ def test_a_client_never_writes_a_server_tools_output(conversation: Conversation,
     assert not Fiber.objects.filter(conversation=conversation).exists()
 
 
+def test_a_client_never_answers_an_mcp_tools_call(conversation: Conversation) -> None:
+    """An MCP server's tool is known only to the worker, which marks its calls `dynamic-tool`: a client's
+    result for one is refused though the web process cannot list the server's tools."""
+    waiting = {"type": "dynamic-tool", "toolName": "shop_add", "toolCallId": "c1", "state": "input-available"}
+    add_assistant(conversation, {**waiting, "input": {"a": 1}})
+    outcome = interaction_apply(conversation_id=conversation.pk, update=result("c1"))
+    assert (outcome.status, outcome.continuation_request_id) == ("refused", None)
+    assert Message.objects.get(message_id="a1").parts == [{**waiting, "input": {"a": 1}}]
+    assert not Fiber.objects.filter(conversation=conversation).exists()
+
+
 def test_a_client_tools_result_is_still_taken_beside_a_server_tool(conversation: Conversation) -> None:
     client_call = {**part("input-available", "c2"), "type": "tool-ask_user"}
     add_assistant(conversation, part("output-available", "c1", output=1), client_call)

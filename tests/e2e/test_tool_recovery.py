@@ -19,6 +19,7 @@ from tests.support import (
     ConversationLog,
     assistant_text,
     chat_request,
+    continuation_completed,
     follow_conversation,
     numbers,
     user_message,
@@ -54,13 +55,6 @@ def chunk_seen(kind: str) -> Any:
         return any(c.get("type") == kind for s in log.streams.values() for _, c in s.chunks)
 
     return seen
-
-
-def continuation_completed(log: ConversationLog) -> bool:
-    return any(
-        s.done is not None and s.done.get("continuation") and s.done.get("outcome") == "completed"
-        for s in log.streams.values()
-    )
 
 
 def parked(name: str) -> bool:

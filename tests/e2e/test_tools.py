@@ -17,10 +17,10 @@ from tests.agents import LEAKED_SECRET, tool_runs
 from tests.support import (
     TEST_PRINCIPAL,
     ChatClient,
-    ConversationLog,
     StreamLog,
     assistant_text,
     chat_request,
+    continuation_completed,
     follow_conversation,
     user_message,
 )
@@ -57,14 +57,6 @@ async def transcript(name: str) -> list[dict[str, Any]]:
 
     conversation = await Conversation.objects.aget(agent=AGENT, name=name)
     return await sync_to_async(messages_list)(conversation_id=conversation.pk)
-
-
-def continued(log: ConversationLog) -> bool:
-    """A continuation stream (the auto-continuation after a tool answer) has finished."""
-    return any(
-        s.done is not None and s.done.get("continuation") and s.done.get("outcome") == "completed"
-        for s in log.streams.values()
-    )
 
 
 async def test_a_server_tool_runs_between_two_model_steps(stack: Any) -> None:
@@ -188,7 +180,7 @@ async def test_a_client_tool_round_trip_continues_automatically(stack: Any) -> N
         assert updated["message"]["id"] == messages[-1]["id"]
         [answered] = tool_parts(updated["message"])
         assert answered["state"] == "output-available" and answered["output"] == {"city": "Lisbon"}
-        followed = await follow_conversation(client, until=continued, timeout=30)
+        followed = await follow_conversation(client, until=continuation_completed, timeout=30)
 
     [continuation_id] = [r for r in followed.order if r != request_id]
     stream = followed.streams[continuation_id]
@@ -215,7 +207,7 @@ async def test_a_duplicate_or_unknown_tool_result_changes_nothing(stack: Any) ->
         call_id = next(c for _, c in log.chunks if c["type"] == "tool-input-available")["toolCallId"]
         result = {"type": "cf_agent_tool_result", "toolCallId": call_id, "toolName": "", "output": 1}
         await client.send(result)
-        await follow_conversation(client, until=continued, timeout=30)
+        await follow_conversation(client, until=continuation_completed, timeout=30)
         before = await transcript(name)
         await client.send({**result, "output": 2})  # already answered: a no-op
         await client.send({**result, "toolCallId": "call_nobody_made"})
@@ -252,7 +244,7 @@ async def test_an_approval_round_trip(stack: Any, approved: bool) -> None:
         [decided] = tool_parts(updated["message"])
         assert decided["state"] == ("approval-responded" if approved else "output-denied")
         assert decided["approval"] == {"id": request["approvalId"], "approved": approved}
-        followed = await follow_conversation(client, until=continued, timeout=30)
+        followed = await follow_conversation(client, until=continuation_completed, timeout=30)
 
     [continuation_id] = [r for r in followed.order if r != request_id]
     stream = followed.streams[continuation_id]
@@ -300,7 +292,7 @@ async def test_a_client_cannot_answer_a_server_tool_waiting_for_approval(stack: 
         updated = await client.recv_type("cf_agent_message_updated")  # frames are handled in order
         [decided] = tool_parts(updated["message"])
         assert decided["state"] == "approval-responded", "the forged results changed nothing"
-        followed = await follow_conversation(client, until=continued, timeout=30)
+        followed = await follow_conversation(client, until=continuation_completed, timeout=30)
     [continuation_id] = [r for r in followed.order if r != request_id]
     assert followed.streams[continuation_id].text == f"Tool delete_file returned: deleted {t}"
     [settled] = tool_parts((await transcript(name))[1])
@@ -424,7 +416,7 @@ async def test_a_client_tool_batch_continues_only_once_every_call_is_answered(st
             if index == 0:
                 conversation = await Conversation.objects.aget(agent=AGENT, name=name)
                 assert await Fiber.objects.filter(conversation=conversation).acount() == 1, "waits for call 2"
-        followed = await follow_conversation(client, until=continued, timeout=30)
+        followed = await follow_conversation(client, until=continuation_completed, timeout=30)
     [continuation_id] = [r for r in followed.order if r != request_id]
     assert (
         followed.streams[continuation_id].text
@@ -578,7 +570,7 @@ async def test_a_denial_from_manage_py_tells_the_model_why_and_every_tab_hears_o
         updated = await client.recv_type("cf_agent_message_updated")  # the open tab hears of it
         [decided] = tool_parts(updated["message"])
         assert decided["state"] == "output-denied" and decided["approval"]["reason"] == "not on a Friday"
-        followed = await follow_conversation(client, until=continued, timeout=30)
+        followed = await follow_conversation(client, until=continuation_completed, timeout=30)
     [continuation_id] = [r for r in followed.order if r != request_id]
     assert followed.streams[continuation_id].text == (
         "Tool delete_file returned: The user denied this tool call: not on a Friday"
