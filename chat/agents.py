@@ -173,7 +173,8 @@ class Think:
 
     def get_mcp_servers(self) -> list[MCPServer]:
         """The MCP servers whose tools the model may call: `mcp_servers`. Override it to choose them per
-        conversation (`self.context` holds the turn's owner and user), or to read a URL or a token."""
+        conversation (`self.context` holds the turn's owner and user), or to read a URL or a token: an
+        override runs on a thread of the worker's (the ORM works there), and may be `async def`."""
         return list(self.mcp_servers)
 
     def get_chat_recovery(self) -> ChatRecovery:

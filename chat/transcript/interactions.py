@@ -69,8 +69,9 @@ def result_update(part: Part, update: dict[str, Any]) -> Part | None:
 
 
 def approval_update(part: Part, update: dict[str, Any]) -> Part | None:
-    """The part after a human's decision; None when it is not waiting for one."""
-    if part.get("state") not in ("input-available", "approval-requested"):
+    """The part after a human's decision; None when it is not waiting for one (only a call that asked
+    for an approval waits for one: a decision for any other call would make the worker run it)."""
+    if part.get("state") != "approval-requested":
         return None
     approved = bool(update.get("approved"))
     approval = {**(part.get("approval") or {}), "approved": approved}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -35,9 +36,10 @@ FINISH_REASONS = {
 class UIChunker:
     """Turns one model step's events into UI chunks; one instance per assistant message."""
 
-    def __init__(self, message_id: str, *, dynamic: frozenset[str] = frozenset()) -> None:
+    def __init__(self, message_id: str, *, dynamic: Mapping[str, str | None] | None = None) -> None:
         self.message_id = message_id
-        self.dynamic = dynamic  # the tools whose calls are `dynamic-tool` parts (an MCP server's)
+        # The tools whose calls are `dynamic-tool` parts (an MCP server's) -> their calls' title.
+        self.dynamic: Mapping[str, str | None] = dynamic or {}
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.step_usage: Usage | None = None
@@ -170,9 +172,13 @@ class UIChunker:
         return chunks
 
     def _call(self, chunk: Chunk) -> Chunk:
-        """A call chunk, marked `dynamic` for a tool known only at run time (its part: `dynamic-tool`)."""
+        """A call chunk, marked `dynamic` for a tool known only at run time (its part: `dynamic-tool`),
+        with the title that names where it runs."""
         if chunk["toolName"] in self.dynamic:
             chunk["dynamic"] = True
+            title = self.dynamic[chunk["toolName"]]
+            if title:
+                chunk["title"] = title
         return chunk
 
     @property

@@ -31,7 +31,15 @@ from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
 from .overflow import Proactive, compact_for_overflow
 from .pricing import needs_litellm, step_cost
-from .tools import Tool, ToolOutcome, Toolset, input_problem, tool_execute
+from .tools import (
+    UNKNOWN_TOOL,
+    Tool,
+    ToolOutcome,
+    Toolset,
+    approved_call_problem,
+    input_problem,
+    tool_execute,
+)
 
 if TYPE_CHECKING:
     from ..agents import Think
@@ -39,7 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONTINUE_PROMPT = "Continue your previous response from exactly where it left off. Do not repeat any of it."
-UNKNOWN_TOOL = "The model called a tool that does not exist: {name}"
 
 Emit = Callable[..., Awaitable[None]]  # emit(chunk, cursor=None)
 NoteCursor = Callable[[dict[str, Any]], None]
@@ -356,9 +363,11 @@ class ModelLoop:
             if not (part.get("approval") or {}).get("approved"):
                 continue
             item = self.toolset.get(tool_name_of(part))
-            if item is None or item.is_client:
-                outcome = ToolOutcome(error_text=UNKNOWN_TOOL.format(name=tool_name_of(part)))
+            problem = approved_call_problem(item, part)
+            if problem is not None:
+                outcome = ToolOutcome(error_text=problem)
             else:
+                assert item is not None
                 outcome = await self._execute(item, str(part["toolCallId"]), part.get("input"))
             chunk = outcome.chunk(str(part["toolCallId"]))
             await self.emit(chunk)  # an extended message is the accumulator's: the chunk settles it there

@@ -41,7 +41,10 @@ MAX_TOOLS = 128  # per server; the rest are left out, and the log says so
 MAX_PAGES = 16  # of a paginated tools/list
 MAX_SCHEMA_CHARS = 64_000  # a tool's input schema, as JSON
 MAX_DESCRIPTION_CHARS = 4_000
-CLOSE_TIMEOUT_S = 5.0
+MAX_LISTED = 4 * MAX_TOOLS  # read from a server's listing at most (those `tools=` names among them)
+MAX_ERROR_CHARS = 10_000  # of an error a server sends, as the model reads it
+MAX_LOGGED = 10  # tools left out, named one by one in the log (then a count)
+CLOSE_TIMEOUT_S = 2.0  # to end a session gracefully, then again after cancelling it
 SSE_READ_TIMEOUT_S = 300.0  # a server's event stream may be quiet this long between events
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -61,10 +64,10 @@ class MCPServer:
 
     name: str
     url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # a token, say: never in a repr
     command: str | None = None
     args: Sequence[str] = ()
-    env: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None = field(default=None, repr=False)
     cwd: str | None = None
     tool_prefix: str = ""
     tools: Collection[str] | None = None
@@ -87,8 +90,19 @@ class MCPServer:
         timeout = self.timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise ValueError(f"MCP server {self.name!r}: timeout_s must be a positive number of seconds")
-        if isinstance(self.tools, str) or isinstance(self.needs_approval, str):
-            raise ValueError(f"MCP server {self.name!r}: tools and needs_approval take collections of names")
+        if self.tools is not None:
+            object.__setattr__(self, "tools", self._names("tools", self.tools))
+        if not isinstance(self.needs_approval, bool):
+            object.__setattr__(self, "needs_approval", self._names("needs_approval", self.needs_approval))
+
+    def _names(self, option: str, value: Any) -> frozenset[str]:
+        """A collection of tool names, read once (an iterator would be used up by the first turn)."""
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            raise ValueError(f"MCP server {self.name!r}: {option} takes a collection of tool names")
+        names = frozenset(value)
+        if not all(isinstance(n, str) for n in names):
+            raise ValueError(f"MCP server {self.name!r}: {option} takes a collection of tool names")
+        return names
 
     @property
     def transport(self) -> str:
@@ -98,6 +112,10 @@ class MCPServer:
         if isinstance(self.needs_approval, bool):
             return self.needs_approval
         return remote_name in self.needs_approval
+
+    def title(self, remote_name: str) -> str:
+        """The title of one of its tools' calls (the part's `title`): which server, which of its tools."""
+        return f"{self.name}/{remote_name}"
 
 
 def mcp_server_list(servers: Any) -> list[MCPServer]:
@@ -117,9 +135,10 @@ class _Connection:
 
     def __init__(self, server: MCPServer) -> None:
         self.server = server
-        self.client: Client | None = None
         self._closing = asyncio.Event()
+        self._ready = False
         self._task: asyncio.Task[None] | None = None
+        self._scope: Any = None  # the hold's anyio cancel scope
 
     async def open(self) -> Client:
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
@@ -129,32 +148,43 @@ class _Connection:
             async with asyncio.timeout(self.server.timeout_s):
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
-            await self.close()
             raise TimeoutError(f"no answer within {self.server.timeout_s:g} s") from None
         if not ready.done():  # the task ended first: it failed to connect
             error = self._task.exception() if not self._task.cancelled() else None
             raise ConnectionError(_reason(error) if error else "the connection was cancelled")
-        self.client = ready.result()
-        return self.client
+        self._ready = True
+        return ready.result()
 
     async def _hold(self, ready: asyncio.Future[Client]) -> None:
-        async with _connected(self.server) as client:
-            ready.set_result(client)
-            await self._closing.wait()
+        import anyio
+
+        # Cancelled through its anyio scope, never Task.cancel(): the SDK shields its own shutdown (the
+        # HTTP session's DELETE, the stdio process stopped) from the first, not from the second.
+        with anyio.CancelScope() as self._scope:
+            async with _connected(self.server) as client:
+                if not ready.done():
+                    ready.set_result(client)
+                await self._closing.wait()
 
     async def close(self) -> None:
+        """Ends the session (its HTTP session, its stdio process): waits CLOSE_TIMEOUT_S for a graceful
+        end, then cancels it and waits CLOSE_TIMEOUT_S more; a shutdown still going on after that (the SDK
+        bounds its own) finishes in the background. A connection never ready is cancelled at once."""
         task, self._task = self._task, None
         if task is None:
             return
         self._closing.set()
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await asyncio.wait({task})
-        except TimeoutError:
-            pass
+        if self._ready:
+            await asyncio.wait({task}, timeout=CLOSE_TIMEOUT_S)
         if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
+            if self._scope is not None:
+                self._scope.cancel()
+            else:  # not started yet: nothing of the SDK's to shut down
+                task.cancel()
+            await asyncio.wait({task}, timeout=CLOSE_TIMEOUT_S)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             logger.info(
                 "MCP server %s: the connection ended with %s", self.server.name, _reason(task.exception())
@@ -202,16 +232,19 @@ def _reason(error: BaseException | None) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-async def _listing(client: Client) -> list[Any]:
+async def _listing(client: Client) -> tuple[list[Any], str | None]:
+    """The server's tools, at most MAX_LISTED of them from at most MAX_PAGES pages; and what was not read."""
     tools: list[Any] = []
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         page = await client.list_tools(cursor=cursor)
-        tools.extend(page.tools)
+        tools.extend(page.tools[: MAX_LISTED - len(tools)])
         cursor = page.next_cursor
-        if cursor is None or len(tools) > MAX_TOOLS:
-            break
-    return tools
+        if cursor is None:
+            return tools, None
+        if len(tools) >= MAX_LISTED:
+            return tools, f"it lists more than {MAX_LISTED} tools; the rest were not read"
+    return tools, f"it lists more than {MAX_PAGES} pages of tools; the rest were not read"
 
 
 def tool_from_listing(server: MCPServer, listed: Any, client: Client | None) -> Tool | str:
@@ -232,6 +265,8 @@ def tool_from_listing(server: MCPServer, listed: Any, client: Client | None) -> 
     description = str(getattr(listed, "description", None) or "")[:MAX_DESCRIPTION_CHARS]
 
     async def call(**arguments: Any) -> Any:
+        from mcp import MCPError
+
         assert client is not None
         try:
             async with asyncio.timeout(server.timeout_s):
@@ -239,6 +274,10 @@ def tool_from_listing(server: MCPServer, listed: Any, client: Client | None) -> 
         except TimeoutError:
             raise ToolError(
                 f"The MCP server {server.name} did not answer within {server.timeout_s:g} s."
+            ) from None
+        except MCPError as exc:  # the server refused the call (unknown tool, invalid params, ...)
+            raise ToolError(
+                _bounded(f"The MCP server {server.name} refused the call: {exc.message}")
             ) from None
         return call_output(result)
 
@@ -250,7 +289,12 @@ def tool_from_listing(server: MCPServer, listed: Any, client: Client | None) -> 
         execute=call,
         needs_approval=server.approves(remote),
         dynamic=True,
+        title=server.title(remote),
     )
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " [...]"
 
 
 def call_output(result: Any) -> Any:
@@ -259,7 +303,7 @@ def call_output(result: Any) -> Any:
     blocks = list(getattr(result, "content", None) or [])
     texts = [b.text for b in blocks if getattr(b, "type", None) == "text"]
     if getattr(result, "is_error", False):
-        raise ToolError("\n".join(texts) or "The MCP tool reported an error.")
+        raise ToolError(_bounded("\n".join(texts)) or "The MCP tool reported an error.")
     structured = getattr(result, "structured_content", None)
     if structured is not None:
         return structured
@@ -282,45 +326,64 @@ class MCPToolbox:
         self._connections: list[_Connection] = []
 
     async def __aenter__(self) -> list[Tool]:
-        for server in self.servers:
-            if server.tools is not None and not server.tools:
-                continue
-            connection = _Connection(server)
-            self._connections.append(connection)
-            try:
-                client = await connection.open()
-                async with asyncio.timeout(server.timeout_s):
-                    listed = await _listing(client)
-            except Exception as exc:  # unreachable, refused, timed out, not MCP: its tools only are lost
-                await connection.close()
-                self._unavailable(server, _reason(exc))
-                continue
-            self._add(server, listed, client)
+        """Connect to every server at once, each within its `timeout_s`; offer their tools in the servers'
+        order. Whatever stops this (a stop, a lost lease, a bad option) closes what was opened."""
+        try:
+            opened = await asyncio.gather(*(self._open(server) for server in self.servers))
+            for server, found in zip(self.servers, opened, strict=True):
+                if found is not None:
+                    self._add(server, *found)
+        except BaseException:
+            await asyncio.shield(self._close_all())
+            raise
         return self.tools
 
-    def _add(self, server: MCPServer, listed: list[Any], client: Client) -> None:
-        wanted = set(server.tools) if server.tools is not None else None
-        offered = 0
+    async def _open(self, server: MCPServer) -> tuple[Client, list[Any], str | None] | None:
+        if server.tools is not None and not server.tools:
+            return None
+        connection = _Connection(server)
+        self._connections.append(connection)
+        try:
+            client = await connection.open()
+            async with asyncio.timeout(server.timeout_s):
+                listed, unread = await _listing(client)
+        except Exception as exc:  # unreachable, refused, timed out, not MCP: its tools only are lost
+            await connection.close()
+            self._unavailable(server, _reason(exc))
+            return None
+        return client, listed, unread
+
+    def _add(self, server: MCPServer, client: Client, listed: list[Any], unread: str | None = None) -> None:
+        wanted = server.tools
+        left_out: list[tuple[str, str]] = []
+        offered = beyond = 0
         for item in listed:
             remote = str(getattr(item, "name", ""))
             if wanted is not None and remote not in wanted:
                 continue
-            if offered >= MAX_TOOLS:
-                self.left_out.append((server.name, remote, f"the server lists more than {MAX_TOOLS} tools"))
-                continue
             made = tool_from_listing(server, item, client)
             if isinstance(made, str):
-                self.left_out.append((server.name, remote, made))
-                continue
-            if made.name in self.taken:
-                self.left_out.append((server.name, remote, f"the name {made.name!r} is already a tool's"))
-                continue
-            self.taken.add(made.name)
-            self.tools.append(made)
-            offered += 1
-        for name, remote, why in self.left_out:
-            if name == server.name:
-                logger.warning("MCP server %s: tool %r left out: %s", name, remote, why)
+                left_out.append((remote, made))
+            elif made.name in self.taken:
+                left_out.append((remote, f"the name {made.name!r} is already a tool's"))
+            elif offered >= MAX_TOOLS:
+                beyond += 1
+            else:
+                self.taken.add(made.name)
+                self.tools.append(made)
+                offered += 1
+        self.left_out.extend((server.name, remote, why) for remote, why in left_out)
+        for remote, why in left_out[:MAX_LOGGED]:
+            logger.warning("MCP server %s: tool %r left out: %s", server.name, remote, why)
+        if len(left_out) > MAX_LOGGED:
+            logger.warning("MCP server %s: %d more tools left out", server.name, len(left_out) - MAX_LOGGED)
+        if beyond:
+            self.left_out.append((server.name, "", f"{beyond} tools beyond the first {MAX_TOOLS}"))
+            logger.warning(
+                "MCP server %s: %d tools left out beyond the first %d", server.name, beyond, MAX_TOOLS
+            )
+        if unread:
+            logger.warning("MCP server %s: %s", server.name, unread)
 
     def _unavailable(self, server: MCPServer, reason: str) -> None:
         logger.warning(
@@ -337,5 +400,8 @@ class MCPToolbox:
         )
 
     async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self._close_all())
+
+    async def _close_all(self) -> None:
         connections, self._connections = self._connections, []
         await asyncio.gather(*(c.close() for c in connections))

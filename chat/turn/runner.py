@@ -51,9 +51,9 @@ from .context import run_context_load
 from .continuation import settle_recovered_turn
 from .llm import Usage
 from .loop import ModelLoop
-from .mcp import MCPToolbox, mcp_server_list
+from .mcp import MCPServer, MCPToolbox, mcp_server_list
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
-from .tools import Toolset
+from .tools import Tool, Toolset
 
 logger = logging.getLogger(__name__)
 
@@ -316,9 +316,10 @@ class TurnRunner:
             request_id=self.request_id,
             incident_id=self.incident_id,
         )
-        own = agent.get_tools()
-        servers = mcp_server_list(agent.get_mcp_servers())
-        async with MCPToolbox(servers, taken={t.name for t in own}, agent=agent) as mcp_tools:
+        own = list(agent.get_tools())
+        servers = await _mcp_servers(agent)
+        taken = {t.name for t in own if isinstance(t, Tool)}  # Toolset refuses anything else
+        async with MCPToolbox(servers, taken=taken, agent=agent) as mcp_tools:
             toolset = Toolset([*own, *mcp_tools], self.client_tools)
             await self._produce_with(agent, messages, toolset)
 
@@ -586,3 +587,14 @@ class TurnRunner:
             return
         if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing, reason=reason):
             await recover_fiber(self.claim.fiber_id, retry_after_s=retry_after_s)
+
+
+async def _mcp_servers(agent: Think) -> list[MCPServer]:
+    """`get_mcp_servers()`: an override runs on a thread (it may read the database, to find a user's token
+    say), and may be async; the attribute alone is read as it is."""
+    if type(agent).get_mcp_servers is Think.get_mcp_servers:
+        return mcp_server_list(agent.get_mcp_servers())
+    found: Any = await db(agent.get_mcp_servers)
+    if inspect.isawaitable(found):
+        found = await found
+    return mcp_server_list(found)

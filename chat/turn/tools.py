@@ -33,6 +33,7 @@ from .tool_schema import Signature, docstring_parts, read_signature, validation_
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_OUTPUT_CHARS = 200_000
+UNKNOWN_TOOL = "The model called a tool that does not exist: {name}"
 
 
 def _empty_schema() -> dict[str, Any]:
@@ -56,6 +57,8 @@ class Tool:
     schema_error: str | None = field(default=None, compare=False)
     #: Known only at run time (an MCP server's): its calls are `dynamic-tool` parts, which no client answers.
     dynamic: bool = False
+    #: The `title` of its calls' parts; a dynamic tool's names its origin ("<MCP server>/<its tool>").
+    title: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not TOOL_NAME.match(self.name):
@@ -159,9 +162,9 @@ class Toolset:
         return self.tools.get(name)
 
     @property
-    def dynamic(self) -> frozenset[str]:
-        """The names of the tools known only at run time (an MCP server's)."""
-        return frozenset(name for name, item in self.tools.items() if item.dynamic)
+    def dynamic(self) -> dict[str, str | None]:
+        """The tools known only at run time (an MCP server's): name -> the title of their calls."""
+        return {name: item.title for name, item in self.tools.items() if item.dynamic}
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]
@@ -213,6 +216,22 @@ def input_problem(item: Tool, tool_input: Any) -> str | None:
         return f"Invalid input for tool {item.name}: {validation_message(exc)}"
     except Exception:  # the tool's own validator failed: its run reports it
         return None
+    return None
+
+
+def approved_call_problem(item: Tool | None, part: dict[str, Any]) -> str | None:
+    """Why an approved call cannot run now (the model reads it as the call's error); None when it can.
+
+    An MCP tool approved on one server runs there or nowhere: its name may have passed to another
+    server's tool since (the first one down, or its list changed), and the part's title names the server
+    the person approved."""
+    name = str(part.get("toolName") or str(part.get("type", "")).removeprefix("tool-"))
+    if item is None or item.is_client:
+        return UNKNOWN_TOOL.format(name=name)
+    if item.dynamic and part.get("title") != item.title:
+        return (
+            f"The tool {name} that was approved ({part.get('title')}) is not offered now, so it did not run."
+        )
     return None
 
 

@@ -52,8 +52,11 @@ def test_an_approval_keeps_the_approval_id_and_records_the_decision() -> None:
         "approved": True,
     }
     assert denied["state"] == "output-denied" and denied["approval"] == {"id": "ap-1", "approved": False}
-    assert approval_update(part("input-available"), {"approved": True})["approval"]["id"] == "c1"  # type: ignore[index]
+    assert approval_update(part("approval-requested"), {"approved": True})["approval"]["id"] == "c1"  # type: ignore[index]
     assert approval_update(approved, {"approved": False}) is None, "a decision is final"
+    # A call that never asked (a server tool's call left unanswered by a cancel, say) is not approved:
+    # the worker would run it, perhaps again.
+    assert approval_update(part("input-available"), {"approved": True}) is None
 
 
 # -- against the database -----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from chat.turn import mcp
 from chat.turn.chunking import UIChunker
 from chat.turn.llm import StepFinish, ToolCallDelta
 from chat.turn.mcp import MCPToolbox, call_output, mcp_server_list, tool_from_listing
-from chat.turn.tools import Tool, Toolset, tool, tool_execute
+from chat.turn.tools import Tool, Toolset, approved_call_problem, tool, tool_execute
 from recovery import diagnostics
 from tests.mcp_server import ROOT, calls, served
 from tests.support import free_port
@@ -67,7 +67,9 @@ def by_name(tools: list[Tool]) -> dict[str, Tool]:
         ({"command": "x", "args": "-m server"}, "list of arguments"),
         ({"url": "http://x/mcp", "timeout_s": 0}, "timeout_s"),
         ({"url": "http://x/mcp", "timeout_s": float("inf")}, "timeout_s"),
-        ({"url": "http://x/mcp", "tools": "add"}, "collections of names"),
+        ({"url": "http://x/mcp", "tools": "add"}, "collection of tool names"),
+        ({"url": "http://x/mcp", "needs_approval": None}, "collection of tool names"),
+        ({"url": "http://x/mcp", "tools": [1]}, "collection of tool names"),
     ],
 )
 def test_a_server_is_named_once_by_a_url_or_a_command(options: dict[str, Any], problem: str) -> None:
@@ -78,6 +80,20 @@ def test_a_server_is_named_once_by_a_url_or_a_command(options: dict[str, Any], p
 def test_a_server_name_is_a_short_label() -> None:
     with pytest.raises(ValueError, match="1-64 letters"):
         MCPServer("my shop", url="http://x/mcp")
+
+
+def test_names_are_read_once_and_secrets_stay_out_of_a_repr() -> None:
+    server = MCPServer(
+        "s",
+        url="http://x/mcp",
+        headers={"Authorization": "Bearer sk-secret"},
+        tools=(n for n in ["add", "refuse"]),
+        needs_approval=(n for n in ["refuse"]),
+    )
+    assert server.tools == {"add", "refuse"} and server.needs_approval == {"refuse"}
+    assert server.approves("refuse") and server.approves("refuse") and not server.approves("add")
+    stdio = MCPServer("t", command="x", env={"API_KEY": "sk-env"})
+    assert "sk-secret" not in repr(server) and "sk-env" not in repr(stdio)
 
 
 def test_get_mcp_servers_must_answer_mcp_servers() -> None:
@@ -172,7 +188,11 @@ async def test_the_agents_own_tools_and_earlier_servers_keep_their_names(
             toolset = Toolset([shop_add, *tools])
             assert [t.name for t in tools] == ["shop_order_status", "shop_refuse", "shop_slow"]
             assert toolset.get("shop_add") is shop_add
-            assert toolset.dynamic == {"shop_order_status", "shop_refuse", "shop_slow"}
+            assert toolset.dynamic == {
+                "shop_order_status": "shop/order_status",
+                "shop_refuse": "shop/refuse",
+                "shop_slow": "shop/slow",
+            }
     assert "tool 'add' left out: the name 'shop_add' is already a tool's" in caplog.text
     assert "MCP server again: tool 'slow' left out" in caplog.text
 
@@ -239,9 +259,22 @@ def test_a_long_description_is_cut_and_a_server_offers_at_most_max_tools() -> No
     made = tool_from_listing(server, listed(description="y" * 10_000), None)
     assert isinstance(made, Tool) and len(made.description) == mcp.MAX_DESCRIPTION_CHARS
     box = MCPToolbox([server])
-    box._add(server, [listed(f"t{i}") for i in range(mcp.MAX_TOOLS + 5)], None)  # type: ignore[arg-type]
+    box._add(server, None, [listed(f"t{i}") for i in range(mcp.MAX_TOOLS + 5)])  # type: ignore[arg-type]
     assert len(box.tools) == mcp.MAX_TOOLS
-    assert [why for _, _, why in box.left_out] == [f"the server lists more than {mcp.MAX_TOOLS} tools"] * 5
+    assert [why for _, _, why in box.left_out] == [f"5 tools beyond the first {mcp.MAX_TOOLS}"]
+
+
+async def test_a_listing_is_read_up_to_a_bound() -> None:
+    class Pages:
+        """A server whose every page lists 100 tools and names a next one."""
+
+        async def list_tools(self, *, cursor: str | None = None) -> Any:
+            page = int(cursor or 0)
+            tools = [listed(f"p{page}_{i}") for i in range(100)]
+            return SimpleNamespace(tools=tools, next_cursor=str(page + 1))
+
+    tools, unread = await mcp._listing(Pages())  # type: ignore[arg-type]
+    assert len(tools) == mcp.MAX_LISTED and "the rest were not read" in (unread or "")
 
 
 def test_a_results_form_decides_the_output() -> None:
@@ -255,11 +288,14 @@ def test_a_results_form_decides_the_output() -> None:
     ]
     with pytest.raises(ToolError, match="hello"):
         call_output(CallToolResult(content=[text], is_error=True))
+    with pytest.raises(ToolError) as huge:
+        call_output(CallToolResult(content=[TextContent(type="text", text="e" * 50_000)], is_error=True))
+    assert len(str(huge.value)) == mcp.MAX_ERROR_CHARS + len(" [...]")
 
 
 # -- their calls are dynamic-tool parts --------------------------------------------------------------------
-def test_an_mcp_tools_calls_are_marked_dynamic() -> None:
-    chunker = UIChunker("m", dynamic=frozenset({"shop_add"}))
+def test_an_mcp_tools_calls_are_marked_dynamic_with_their_servers_title() -> None:
+    chunker = UIChunker("m", dynamic={"shop_add": "shop/add"})
     start = chunker.feed(ToolCallDelta(0, "c1", "shop_add", '{"a":1}'))
     chunker.feed(ToolCallDelta(1, "c2", "local", "{}"))
     done = chunker.feed(StepFinish("tool_calls"))
@@ -268,5 +304,97 @@ def test_an_mcp_tools_calls_are_marked_dynamic() -> None:
         "toolCallId": "c1",
         "toolName": "shop_add",
         "dynamic": True,
+        "title": "shop/add",
     }
-    assert [c.get("dynamic") for c in done] == [True, None]
+    assert [(c.get("dynamic"), c.get("title")) for c in done] == [(True, "shop/add"), (None, None)]
+
+
+def test_an_approved_mcp_call_runs_on_the_server_approved_or_nowhere() -> None:
+    here = tool_from_listing(MCPServer("shop", url="http://x/mcp"), listed("cancel"), None)
+    there = tool_from_listing(MCPServer("other", url="http://y/mcp"), listed("cancel"), None)
+    assert isinstance(here, Tool) and isinstance(there, Tool)
+    part = {
+        "type": "dynamic-tool",
+        "toolName": "cancel",
+        "title": "shop/cancel",
+        "state": "approval-responded",
+    }
+    assert approved_call_problem(here, part) is None
+    assert approved_call_problem(there, part) == (
+        "The tool cancel that was approved (shop/cancel) is not offered now, so it did not run."
+    )
+    assert approved_call_problem(None, part) == "The model called a tool that does not exist: cancel"
+
+
+async def test_a_tool_the_server_does_not_have_is_a_tool_error(shop_url: str) -> None:
+    server = shop(shop_url)
+    connection = mcp._Connection(server)
+    client = await connection.open()
+    try:
+        missing = tool_from_listing(server, listed("no_such_tool"), client)
+        assert isinstance(missing, Tool)
+        refused = await tool_execute(missing, {})
+    finally:
+        await connection.close()
+    assert refused.failure is None and refused.error_text == "Unknown tool: no_such_tool"
+
+
+async def test_a_json_rpc_error_is_a_bounded_tool_error() -> None:
+    from mcp import MCPError
+
+    class Refusing:
+        async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+            raise MCPError(-32602, "Invalid params: " + "x" * 20_000)
+
+    made = tool_from_listing(MCPServer("shop", url="http://x/mcp"), listed("t"), Refusing())  # type: ignore[arg-type]
+    assert isinstance(made, Tool)
+    outcome = await tool_execute(made, {})
+    assert outcome.failure is None and outcome.error_text is not None
+    assert outcome.error_text.startswith("The MCP server shop refused the call: Invalid params: xxx")
+    assert len(outcome.error_text) == mcp.MAX_ERROR_CHARS + len(" [...]")
+
+
+async def test_a_turn_stopped_while_it_connects_leaves_nothing_running(call_log: Path) -> None:
+    """Cancelled in __aenter__ (a stop, a lost lease), the toolbox closes what it opened: no task holds a
+    connection, and the stdio server's process is gone."""
+    hang = MCPServer("hang", command=sys.executable, args=["-c", "import time; time.sleep(60)"])
+    box = MCPToolbox([local(call_log), hang])
+    entering = asyncio.create_task(box.__aenter__())
+    await asyncio.sleep(2)  # the stdio server is up, the other one never answers
+    entering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await entering
+    assert box._connections == []
+
+    def held() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t.get_name().startswith("mcp:")]
+
+    for _ in range(150):  # the SDK's own shutdown of a server that ignores its closed stdin is bounded
+        if not held():
+            break
+        await asyncio.sleep(0.1)
+    assert held() == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_get_mcp_servers_may_read_the_database_and_may_be_async() -> None:
+    from chat.models import Conversation
+    from chat.turn.runner import _mcp_servers
+
+    class FromDatabase(Think):
+        def get_mcp_servers(self) -> list[MCPServer]:
+            from django.db import connection
+
+            try:
+                count = Conversation.objects.count()  # the ORM: refused on the event loop itself
+            finally:
+                connection.close()  # this thread's, or the test database could not be dropped
+            return [MCPServer(f"s{count}", url="http://x/mcp")]
+
+    class Async(Think):
+        async def get_mcp_servers(self) -> list[MCPServer]:  # type: ignore[override]
+            return [MCPServer("later", url="http://x/mcp")]
+
+    found = await _mcp_servers(FromDatabase(agent="x", name="n"))
+    assert len(found) == 1 and found[0].name.removeprefix("s").isdigit()
+    assert [s.name for s in await _mcp_servers(Async(agent="x", name="n"))] == ["later"]
