@@ -16,6 +16,12 @@ one json.loads per event: the least any client can do) gives the unit the pipeli
     .venv/bin/python bench/concurrency.py --levels 50 --marginal 40 400
     .venv/bin/python bench/concurrency.py --levels 50 200 --workers 2
     .venv/bin/python bench/concurrency.py --levels 50 200 --wire ws http
+    .venv/bin/python bench/concurrency.py --levels 200 --server uvicorn --profile-web /tmp/web
+
+`--server` picks the ASGI server of the web process: daphne (the default, as in the Procfile) or
+uvicorn (`--ws websockets`), to compare what the server itself costs under the same load.
+`--profile-web PATH` samples the web process with py-spy during each level (collapsed stacks in
+PATH.<level>.txt) and prints where its time went (bench/profile_summary.py).
 
 `--wire` names the clients: `ws` (the cf_agent WebSocket, the default) or `http` (the AI SDK's HTTP
 chat wire: one POST per turn, its answer an SSE response, read line by line as useChat's transport
@@ -28,12 +34,15 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import procstat  # type: ignore[import-not-found]
+import profile_summary  # type: ignore[import-not-found]
 from harness import ROOT, log_dir, percentile, progress, scripted_model_process, setup_django  # type: ignore[import-not-found]
 
 PIPELINE = ("worker", "web", "postgres", "redis")
@@ -131,14 +140,40 @@ async def sample_rss(pids: Any, run: Run, stop: asyncio.Event) -> None:
 
 
 async def level(
-    port: int, turns: int, numbers: int, rate: float, meter: Any, worker_pids: Any, wire: str = "ws"
+    port: int,
+    turns: int,
+    numbers: int,
+    rate: float,
+    meter: Any,
+    worker_pids: Any,
+    wire: str = "ws",
+    profile: tuple[int, str] | None = None,
 ) -> Run:
+    """`profile`: (the web process's pid, the file py-spy writes its collapsed stacks to)."""
     import httpx
 
     run = Run(turns, numbers)
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample_rss(worker_pids, run, stop))
     limits = httpx.Limits(max_connections=turns + 10, max_keepalive_connections=turns + 10)
+    spy = None
+    if profile is not None:
+        pid, path = profile
+        spy = await asyncio.create_subprocess_exec(
+            str(ROOT / ".venv" / "bin" / "py-spy"),
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            path,
+            "--nonblocking",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         http = client if wire == "http" else None
         meter.start()
@@ -148,6 +183,9 @@ async def level(
         )
         run.elapsed = time.monotonic() - started
         run.cpu = meter.stop()
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+        await spy.wait()
     stop.set()
     await sampler
     run.completed = sum(1 for r in results if r is True)
@@ -207,7 +245,10 @@ async def main(args: argparse.Namespace) -> None:
 
     with log_dir() as logs, scripted_model_process(logs, args.rate) as model_url:
         env = dict(os.environ, SCRIPTED_MODEL_URL=model_url, PYTHONPATH=str(ROOT))
-        daphne, port = start_daphne({**env, "DJANGO_CONN_MAX_AGE": "600"}, logs)
+        web_env = {**env, "DJANGO_CONN_MAX_AGE": "600"}
+        daphne, port = (
+            start_uvicorn(web_env, logs) if args.server == "uvicorn" else start_daphne(web_env, logs)
+        )
         workers = []
         model_pid = next(p for p in procstat.tree_pids(os.getpid()) if _is_model(p))
         try:
@@ -234,8 +275,15 @@ async def main(args: argparse.Namespace) -> None:
                     runs = []
                     for numbers in lengths:
                         bare = await bare_read(model_url, turns, numbers, args.rate, meter)
-                        run = await level(port, turns, numbers, args.rate, meter, worker_pids, wire)
-                        report(f"{wire}: {turns} turns x {numbers} numbers", run, bare, idle_rss)
+                        label = f"{args.server} {wire}: {turns} turns x {numbers} numbers"
+                        profile = None
+                        if args.profile_web:
+                            path = f"{args.profile_web}.{wire}-{turns}x{numbers}.txt"
+                            profile = (daphne.popen.pid, path)
+                        run = await level(port, turns, numbers, args.rate, meter, worker_pids, wire, profile)
+                        report(label, run, bare, idle_rss)
+                        if profile is not None:
+                            print(profile_summary.summary(Path(profile[1])), flush=True)
                         print(
                             f"  bare read of the same streams: client {bare.per_number_us('client'):.1f} us, "
                             f"model {bare.per_number_us('model'):.1f} us per number",
@@ -270,6 +318,27 @@ def marginal(turns: str, short: tuple[Run, Run], long: tuple[Run, Run]) -> None:
     print("  CPU per turn, start and finish (ms): " + "  ".join(f"{n} {v:.1f}" for n, v in per_turn.items()))
 
 
+def start_uvicorn(env: dict[str, str], logs: Path) -> tuple[Any, int]:
+    """The web process under uvicorn (its `websockets` implementation) instead of daphne."""
+    from tests.support import free_port, start_listening
+
+    port = free_port()
+    args = [
+        str(ROOT / ".venv" / "bin" / "uvicorn"),
+        "thinkproject.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ws",
+        "websockets",
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    return start_listening("uvicorn", args, env, logs / f"uvicorn-{port}.log", port), port
+
+
 def _is_model(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -287,4 +356,6 @@ if __name__ == "__main__":
     parser.add_argument("--marginal", type=int, nargs=2, metavar=("SHORT", "LONG"))
     parser.add_argument("--rate", type=float, default=20)
     parser.add_argument("--wire", nargs="+", choices=["ws", "http"], default=["ws"])
+    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
+    parser.add_argument("--profile-web", metavar="PATH", help="py-spy the web process into PATH.<level>.txt")
     asyncio.run(main(parser.parse_args()))

@@ -187,14 +187,19 @@ def start_daphne(
 ) -> tuple[Proc, int]:
     port = free_port()
     args = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *options, application]
-    proc = Proc("daphne", args, env, log_dir / f"daphne-{port}.log").start()
+    return start_listening("daphne", args, env, log_dir / f"daphne-{port}.log", port), port
+
+
+def start_listening(name: str, args: list[str], env: dict[str, str], log_path: Path, port: int) -> Proc:
+    """A server process, once it accepts connections on `port`."""
+    proc = Proc(name, args, env, log_path).start()
 
     def listening() -> bool:
         with socket.socket() as sock:
             return sock.connect_ex(("127.0.0.1", port)) == 0
 
-    wait_until(listening, 30, "daphne to listen")
-    return proc, port
+    wait_until(listening, 30, f"{name} to listen")
+    return proc
 
 
 def chat_request(request_id: str, messages: list[dict[str, Any]], **extra: Any) -> str:
