@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from celery import current_app
 from django.db import transaction
@@ -43,6 +43,8 @@ from .services import conversation_lock, message_upsert, messages_append
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
 
+Edit = tuple[dict[str, Any], int]  # an edited user message, and the stored position of its id
+
 RUN_TURN = "think.run_turn"  # the name of chat.tasks.run_turn, sent by name from here
 # The recovery alarms that start a continuation or a retry (chat.turn.continuation); a stop deletes them.
 CONTINUE_CALLBACK = "chat_recovery_continue"
@@ -54,14 +56,23 @@ MessagesOrFunction = Messages | Callable[[Messages], Messages]
 
 
 def turn_refusal(
-    *, conversation_id: int, request: ChatRequest, busy: FiberQuerySet, policy: str, client_history: bool
+    *,
+    conversation_id: int,
+    request: ChatRequest,
+    busy: FiberQuerySet,
+    policy: str,
+    client_history: bool,
+    known: Collection[str] | None = None,
+    edit: Edit | None | Literal[False] = False,
 ) -> str:
     """Why a chat request is refused ("" when it is not): a message it adds is not the client's to add,
     or is over the limits, or the conversation's queue is full, or it regenerates while a turn is queued
     or running (it would delete the messages that turn answers). Messages the server already has are
     echoes and not checked: the server wrote them itself (long answers, big tool outputs), and the
-    stored ones stay as they are whatever the echo says. Call with the conversation locked."""
-    known = set(_known_positions(conversation_id, request.messages))
+    stored ones stay as they are whatever the echo says. Call with the conversation locked. `known` (the
+    stored ids among the request's) and `edit` (`_edit_of`), when the caller read them already."""
+    if known is None:
+        known = set(_known_positions(conversation_id, request.messages))
     limits = frame_limits()
     new = _new_messages(request.messages, known)
     most = think_setting("MAX_NEW_MESSAGES")
@@ -83,7 +94,8 @@ def turn_refusal(
             "a turn is queued or running in this conversation; regenerate replaces the last answer, so stop"
             " that turn or wait for it first"
         )
-    edit = _edit_of(conversation_id, request)
+    if edit is False:
+        edit = _edit_of(conversation_id, request)
     if edit is not None:
         problem = None if client_history else client_message_problem(edit[0])
         if problem is not None:
@@ -187,17 +199,21 @@ def turn_accept(
         if existing is not None:
             return AcceptedTurn(existing.pk, request.id, duplicate=True)
         busy = Fiber.objects.filter(conversation=conversation).active()
+        known = _known_positions(conversation_id, request.messages)  # read once: nothing adds any before
         try:
-            files = _request_files(conversation_id, request)
+            files = _request_files(conversation_id, request, known)
         except FileRefused as exc:
             return AcceptedTurn(None, request.id, refused=str(exc))
         request = dataclasses.replace(request, messages=files.messages)
+        edit = _edit_of(conversation_id, request)  # of the request with its files' stored URLs
         refused = principal_refusal(conversation.owner, address=address) or turn_refusal(
             conversation_id=conversation_id,
             request=request,
             busy=busy,
             policy=policy,
             client_history=client_history,
+            known=known,
+            edit=edit,
         )
         if refused:
             return AcceptedTurn(None, request.id, refused=refused)
@@ -220,7 +236,7 @@ def turn_accept(
                     last_request_id=request_id,
                     ending=Ending.SKIPPED,
                 )
-        _reconcile(conversation_id, request.messages, request.trigger, request)
+        _reconcile(conversation_id, request.messages, request.trigger, known=known, edit=edit)
         conversation.last_body = request.extra or None
         if request.client_tools is not None:
             conversation.last_client_tools = request.client_tools
@@ -239,7 +255,7 @@ def turn_accept(
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded, ahead=ahead)
 
 
-def _request_files(conversation_id: int, request: ChatRequest) -> Attachments:
+def _request_files(conversation_id: int, request: ChatRequest, known: Collection[str]) -> Attachments:
     """The request's messages with the file parts of its own (new ones, an edited last one) pointing at
     stored files, and the files it brings (chat.transcript.files). No query without a file part."""
     if not any(
@@ -248,7 +264,6 @@ def _request_files(conversation_id: int, request: ChatRequest) -> Attachments:
         for part in message.get("parts") or ()
     ):
         return Attachments(request.messages)
-    known = _known_positions(conversation_id, request.messages)
     check = {m["id"] for m in request.messages if m["id"] not in known}
     last = request.messages[-1]
     if last.get("role") == "user" and request.trigger == "submit-message":  # an edit, maybe (_edit_of)
@@ -268,7 +283,7 @@ def _new_messages(incoming: list[dict[str, Any]], known: Collection[str]) -> lis
     return list(new.values())
 
 
-def _edit_of(conversation_id: int, request: ChatRequest) -> tuple[dict[str, Any], int] | None:
+def _edit_of(conversation_id: int, request: ChatRequest) -> Edit | None:
     """An edit: a submitted request whose last message is a stored user message with other parts (the
     AI SDK's `sendMessage({text, messageId})`). That message and its stored position; None otherwise.
     A message cut for display (its echo differs from what is stored) is never taken for an edit."""
@@ -288,22 +303,27 @@ def _edit_of(conversation_id: int, request: ChatRequest) -> tuple[dict[str, Any]
 
 
 def _reconcile(
-    conversation_id: int, incoming: list[dict[str, Any]], trigger: str, request: ChatRequest
+    conversation_id: int,
+    incoming: list[dict[str, Any]],
+    trigger: str,
+    *,
+    known: dict[str, int],
+    edit: Edit | None,
 ) -> None:
     """Merge the client's transcript into ours: the server is authoritative for messages it has.
 
     New messages are appended in order. On regenerate, the client has dropped the last assistant
     message: what follows the last incoming one we know is set aside as a branch (chat.transcript.
     branches). An edited user message sets itself and what followed it aside the same way, and the new
-    version takes its place.
+    version takes its place. `known`: the stored positions of the incoming ids (`_known_positions`), read
+    before anything was added; `edit`: `_edit_of` the request.
     """
-    known = _known_positions(conversation_id, incoming)
+    known = dict(known)
     if trigger == "regenerate-message":
         anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=None)
         if anchor is None:  # it knows none of ours (a window of one cut message): re-answer the last user's
             anchor = _last_user_position(conversation_id)
         tail_set_aside(conversation_id=conversation_id, after_position=anchor)
-    edit = _edit_of(conversation_id, request)
     if edit is not None:
         tail_set_aside(conversation_id=conversation_id, after_position=edit[1] - 1)
         known.pop(edit[0]["id"], None)
