@@ -146,19 +146,17 @@ def turn_snapshot(
 ) -> TurnSnapshot:
     """The turn a fiber will run, taken before the model is called, so even a pre-stream crash is
     recoverable."""
-    latest = Message.objects.filter(conversation=conversation).order_by("-position").first()
-    latest_user = (
-        Message.objects.filter(conversation=conversation, role=Message.Role.USER)
-        .order_by("-position")
-        .first()
-    )
+    # The ids and roles only: the latest message is often a long answer, its parts not needed here.
+    messages = Message.objects.filter(conversation=conversation).order_by("-position")
+    latest = messages.values_list("message_id", "role").first()
+    latest_user = messages.filter(role=Message.Role.USER).values_list("message_id", flat=True).first()
     return TurnSnapshot(
         request_id=request_id,
         continuation=continuation,
         recovery_root_request_id=root_request_id or request_id,
-        latest_message_id=latest.message_id if latest else None,
-        latest_message_role=latest.role if latest else None,
-        latest_user_message_id=latest_user.message_id if latest_user else None,
+        latest_message_id=latest[0] if latest else None,
+        latest_message_role=latest[1] if latest else None,
+        latest_user_message_id=latest_user,
         started_at=timezone.now().isoformat(),
         last_body=conversation.last_body,
         last_client_tools=conversation.last_client_tools,

@@ -42,3 +42,11 @@ def test_an_accept_costs_a_bounded_number_of_statements() -> None:
     assert accepted.fiber_id is not None
     statements = [q["sql"] for q in queries.captured_queries]
     assert len(statements) <= MOST_STATEMENTS, "\n".join(s[:120] for s in statements)
+    # No message's parts are read but the edited one's (`_edit_of`, by its id): the latest message is
+    # often a long answer, and accepting a question never needs it whole.
+    parts_read = [
+        sql
+        for sql in statements
+        if '"think_chat_message"."parts"' in sql.split(" FROM ")[0] and '"message_id" = ' not in sql
+    ]
+    assert parts_read == []
