@@ -381,6 +381,17 @@ class ConversationLog:
         ) or any(s.done is not None and s.done.get("error") for s in self.streams.values())
 
 
+async def transcript_of(agent: str, name: str) -> list[dict[str, Any]]:
+    """A conversation's stored transcript, read from async test code."""
+    from asgiref.sync import sync_to_async
+
+    from chat.models import Conversation
+    from chat.transcript.selectors import messages_list
+
+    conversation = await Conversation.objects.aget(agent=agent, name=name)
+    return await sync_to_async(messages_list)(conversation_id=conversation.pk)
+
+
 def continuation_completed(log: ConversationLog) -> bool:
     """A continuation (after a tool's answer, or a recovery's) ended well: its message is stored whole."""
     return any(

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ..exceptions import ToolError, ToolSchemaError
+from ..transcript.folding import tool_name_of
 from .context import RunContext
 from .tool_schema import Signature, docstring_parts, read_signature, validation_message
 
@@ -225,7 +226,7 @@ def approved_call_problem(item: Tool | None, part: dict[str, Any]) -> str | None
     An MCP tool approved on one server runs there or nowhere: its name may have passed to another
     server's tool since (the first one down, or its list changed), and the part's title names the server
     the person approved."""
-    name = str(part.get("toolName") or str(part.get("type", "")).removeprefix("tool-"))
+    name = tool_name_of(part)
     if item is None or item.is_client:
         return UNKNOWN_TOOL.format(name=name)
     if item.dynamic and part.get("title") != item.title:

@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
 
-from chat.models import Conversation
 from chat.transcript.repair import INTERRUPTED_TOOL_ERROR
 from tests.agents import mcp_servers_set
 from tests.mcp_server import calls, served
@@ -26,6 +24,7 @@ from tests.support import (
     chat_request,
     continuation_completed,
     follow_conversation,
+    transcript_of,
     user_message,
     wait_until,
 )
@@ -54,10 +53,7 @@ def prompt(*calls_: tuple[str, dict[str, Any]]) -> str:
 
 
 async def transcript(name: str) -> list[dict[str, Any]]:
-    from chat.transcript.selectors import messages_list
-
-    conversation = await Conversation.objects.aget(agent=AGENT, name=name)
-    return await sync_to_async(messages_list)(conversation_id=conversation.pk)
+    return await transcript_of(AGENT, name)
 
 
 def mcp_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

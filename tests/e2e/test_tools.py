@@ -22,6 +22,7 @@ from tests.support import (
     chat_request,
     continuation_completed,
     follow_conversation,
+    transcript_of,
     user_message,
 )
 
@@ -53,10 +54,7 @@ def types(log: StreamLog) -> list[str]:
 
 
 async def transcript(name: str) -> list[dict[str, Any]]:
-    from chat.transcript.selectors import messages_list
-
-    conversation = await Conversation.objects.aget(agent=AGENT, name=name)
-    return await sync_to_async(messages_list)(conversation_id=conversation.pk)
+    return await transcript_of(AGENT, name)
 
 
 async def test_a_server_tool_runs_between_two_model_steps(stack: Any) -> None:
