@@ -21,7 +21,8 @@ one json.loads per event: the least any client can do) gives the unit the pipeli
 `--server` picks the ASGI server of the web process: daphne (the default, as in the Procfile) or
 uvicorn (`--ws websockets`), to compare what the server itself costs under the same load.
 `--profile-web PATH` samples the web process with py-spy during each level (collapsed stacks in
-PATH.<level>.txt) and prints where its time went (bench/profile_summary.py).
+PATH.<level>.txt; with BENCH_PROFILE_GIL=1, only the thread holding the GIL: where its Python CPU goes,
+not its waits on Postgres) and prints where its time went (bench/profile_summary.py).
 
 `--wire` names the clients: `ws` (the cf_agent WebSocket, the default) or `http` (the AI SDK's HTTP
 chat wire: one POST per turn, its answer an SSE response, read line by line as useChat's transport
@@ -171,6 +172,7 @@ async def level(
             "--output",
             path,
             "--nonblocking",
+            *(["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )

@@ -70,6 +70,9 @@ DEFAULTS: dict[str, Any] = {
     # cf_agent_chat_queued frame (every worker slot busy); one queued behind a turn of its conversation
     # gets it at once (docs/protocol.md).
     "QUEUED_NOTICE_MS": 500,
+    # Database threads per web process (chat.wire.pool), each with a connection of its own: the chat
+    # socket's and the HTTP wire's calls (accepts, transcripts, replays) run on them side by side.
+    "WEB_DB_THREADS": 8,
     "MAX_FRAMES_PER_S": 20.0,  # frames per connection per second, after a burst of ...
     "MAX_FRAME_BURST": 100,
     # Limits per principal (chat.access: a user, a session, a token's subject), over all their sockets and

@@ -196,6 +196,7 @@ THINK: dict[str, Any] = {
     "ACCESS_POLICY": os.environ.get("THINK_ACCESS_POLICY", "chat.access.SessionAccess"),
     "RECOVERY_TICK_S": float(os.environ.get("THINK_RECOVERY_TICK_S", "1")),
     "DB_THREADS": int(os.environ.get("THINK_DB_THREADS", "8")),
+    "WEB_DB_THREADS": int(os.environ.get("THINK_WEB_DB_THREADS", "8")),
 }
 if os.environ.get("THINK_METRICS_TOKEN"):
     THINK["METRICS_TOKEN"] = os.environ["THINK_METRICS_TOKEN"]

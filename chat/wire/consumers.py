@@ -16,7 +16,7 @@ from collections import OrderedDict
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from recovery.fibers import conversation_busy, fiber_waiting
@@ -53,6 +53,7 @@ from .limits import (
     socket_slot_take,
 )
 from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
+from .pool import web_db
 from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
 
@@ -79,6 +80,16 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if text_data is not None and not fits(text_data, self.send_limit):
             text_data = fit_frame(text_data, self.send_limit)
         await super().send(text_data, bytes_data, close)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch without its `aclose_old_connections` before every message: that is a hop to
+        the process's one sync thread for each client frame and each group event, most of them a batch
+        of streamed chunks (11% of the web process's Python time at 200 turns, issue 37). Every database
+        call here runs on chat.wire.pool, which checks its thread's connection around the call."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]
@@ -107,10 +118,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         try:  # the only door: every frame after this acts on the conversation checked here
             policy = access_policy()
-            principal = await database_sync_to_async(policy.principal)(Credentials.from_scope(self.scope))
+            principal = await web_db(policy.principal)(Credentials.from_scope(self.scope))
             if not await self._take_slot(principal):
                 return
-            conversation = await database_sync_to_async(conversation_open_as)(
+            conversation = await web_db(conversation_open_as)(
                 agent=self.agent_name,
                 name=self.instance_name,
                 principal=principal,
@@ -167,7 +178,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.offered.add(request_id)
 
     async def _send_connect_frames(self) -> None:
-        state = await database_sync_to_async(connect_state)(conversation_id=self.conversation_id)
+        state = await web_db(connect_state)(conversation_id=self.conversation_id)
         if state.active_request_id is not None:
             self.pending_resume = state.active_request_id
             self._offer(state.active_request_id)
@@ -231,8 +242,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def on_chatrequest(self, frame: p.ChatRequest) -> None:
         agent = agent_class(self.agent_name)
-        # The notice's clock starts at receipt: under a burst the accept itself waits behind the other
-        # consumers' calls on the process's one database thread (bench/overload.py).
+        # The notice's clock starts at receipt: under a burst the accept itself waits for one of the
+        # process's database threads (chat.wire.pool), busy with the other consumers' calls.
         started: asyncio.Future[Any] = asyncio.get_running_loop().create_future()  # fiber id, or None
         watch = asyncio.create_task(self._watch_start(frame.id, started))
         self.start_watches.add(watch)
@@ -246,7 +257,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _accept_turn(
         self, frame: p.ChatRequest, agent: type[Any], started: asyncio.Future[Any]
     ) -> None:
-        accepted = await database_sync_to_async(turn_accept)(
+        accepted = await web_db(turn_accept)(
             conversation_id=self.conversation_id,
             request=frame,
             policy=agent.message_concurrency,
@@ -261,7 +272,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(p.response_frame(frame.id, body, done=True, error=True))
             return
         if accepted.dropped:  # roll the client back to the server's transcript, end its stream
-            await self.send(await database_sync_to_async(_transcript)(self.conversation_id))
+            await self.send(await web_db(_transcript)(self.conversation_id))
             await self.send(p.response_frame(frame.id, done=True, outcome="skipped"))
             return
         await announce_accepted(self.conversation_id, accepted.superseded, exclude=[self.channel_name])
@@ -280,9 +291,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         fiber_id = await started
         if fiber_id is None or request_id in self.sent_seq:
             return
-        # Not on the consumers' one database thread: under a burst it holds every accept in a row, and
-        # the notice would come when the wait is over (bench/overload.py: 52 of 500 told, on time).
-        if await database_sync_to_async(fiber_waiting, thread_sensitive=False)(fiber_id):
+        if await web_db(fiber_waiting)(fiber_id):
             await self._tell_queued(p.chat_queued_frame(request_id, p.QUEUED_FOR_WORKER))
 
     async def _tell_queued(self, frame: str) -> None:
@@ -291,12 +300,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self._group_broadcast(frame, exclude=[self.channel_name])
 
     async def on_cancel(self, frame: p.Cancel) -> None:
-        running = await database_sync_to_async(turn_cancel)(
-            conversation_id=self.conversation_id, request_id=frame.id
-        )
+        running = await web_db(turn_cancel)(conversation_id=self.conversation_id, request_id=frame.id)
         if not running:  # nothing streams for it: end the client's stream ourselves
             await self.send(p.response_frame(frame.id, done=True, outcome="aborted"))
-            if not await database_sync_to_async(conversation_busy)(self.conversation_id):
+            if not await web_db(conversation_busy)(self.conversation_id):
                 await release_parked(self.conversation_id)  # no turn left to wait for
 
     async def on_stop(self, frame: p.Stop) -> None:
@@ -312,10 +319,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(p.branch_refused_frame(frame.anchor_id, frame.index, str(exc)))
 
     async def on_toolresult(self, frame: p.ToolResult) -> None:
-        result = await database_sync_to_async(tool_result_apply)(
+        result = await web_db(tool_result_apply)(
             conversation_id=self.conversation_id,
             result=frame,
-            server_tools=await database_sync_to_async(server_tool_names)(
+            server_tools=await web_db(server_tool_names)(
                 self.agent_name, self.instance_name, self.conversation_id
             ),
             owner=self.channel_name,
@@ -325,7 +332,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self._interaction_applied(result, frame.tool_call_id)
 
     async def on_toolapproval(self, frame: p.ToolApproval) -> None:
-        result = await database_sync_to_async(tool_approval_apply)(
+        result = await web_db(tool_approval_apply)(
             conversation_id=self.conversation_id,
             approval=frame,
             owner=self.channel_name,
@@ -351,7 +358,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         return str(client[0]) if client else None
 
     async def on_clear(self, frame: p.Clear) -> None:
-        await database_sync_to_async(conversation_clear)(conversation_id=self.conversation_id)
+        await web_db(conversation_clear)(conversation_id=self.conversation_id)
         self.pending_resume, self.parked = None, False
         self.sent_seq.clear()
         self.following.clear()
@@ -359,7 +366,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await release_parked(self.conversation_id)
 
     async def on_resumerequest(self, frame: p.ResumeRequest) -> None:
-        answer = await database_sync_to_async(probe_answer)(
+        answer = await web_db(probe_answer)(
             conversation_id=self.conversation_id, channel_name=self.channel_name
         )
         if answer.kind == "resuming":
@@ -387,16 +394,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if self.pending_resume == frame.id:
             self.pending_resume = None
         async with self.order:  # live frames wait, so replay and the live tail cannot interleave
-            replay = await database_sync_to_async(ack_replay)(
-                conversation_id=self.conversation_id, request_id=frame.id
-            )
+            replay = await web_db(ack_replay)(conversation_id=self.conversation_id, request_id=frame.id)
             if replay.ignore:
                 return
             for text in replay.frames:
                 await self.send(text)
             pages = replay.pages
             while pages is not None:  # a long stream: the rest of its stored chunks, a page at a time
-                page, pages = await database_sync_to_async(replay_page)(pages)
+                page, pages = await web_db(replay_page)(pages)
                 for text in page:
                     await self.send(text)
             for text in replay.closing:
@@ -458,12 +463,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def _fill_gap(self, request_id: str, last: int, upto: int) -> None:
         """Frames the channel layer did not deliver (dropped, or sent before we joined) come from Postgres."""
-        stream = await database_sync_to_async(stream_for_request)(
-            conversation_id=self.conversation_id, request_id=request_id
-        )
+        stream = await web_db(stream_for_request)(conversation_id=self.conversation_id, request_id=request_id)
         if stream is None:
             return
-        chunks = await database_sync_to_async(stream_chunks)(stream.pk, after_seq=last)
+        chunks = await web_db(stream_chunks)(stream.pk, after_seq=last)
         for seq, body in chunks:
             if seq >= upto:
                 break
@@ -487,7 +490,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _fill_silence(self, request_id: str) -> None:
         """What the store holds past the last chunk sent: chunks, and the end and the transcript once
         the stream has ended. Nothing new: looked up again after twice the wait (a stalled model)."""
-        tail = await database_sync_to_async(stream_tail)(
+        tail = await web_db(stream_tail)(
             conversation_id=self.conversation_id,
             request_id=request_id,
             after_seq=self.sent_seq.get(request_id, -1),

@@ -30,7 +30,8 @@ from ..conf import think_setting
 from ..exceptions import AccessDenied, ConversationLimit, FileRefused
 from ..models import ChatFile
 from ..transcript.files import file_part, file_upload
-from .http import _Door, _refused, in_pool
+from .http import _Door, _refused
+from .pool import web_db
 
 # The multipart envelope around an upload's bytes (boundaries, headers of the part), on top of the file.
 MULTIPART_OVERHEAD = 64 * 1024
@@ -49,11 +50,11 @@ async def upload(request: HttpRequest, agent: str, name: str) -> HttpResponseBas
         most = think_setting("MAX_FILE_BYTES")
         return _refused(413, f"File refused: the upload is larger than the {most} bytes a file may have")
     door = _Door(request, agent)
-    refusal = await in_pool(door.check)(name, write=True)
+    refusal = await web_db(door.check)(name, write=True)
     if refusal is not None:
         return refusal
     try:
-        answer = await in_pool(_keep)(request, door, agent, name)
+        answer = await web_db(_keep)(request, door, agent, name)
     except FileRefused as exc:
         return _refused(exc.status, f"File refused: {exc}")
     except ConversationLimit as exc:
@@ -86,7 +87,7 @@ def _keep(request: HttpRequest, door: _Door, agent: str, name: str) -> dict[str,
 @require_GET
 async def serve(request: HttpRequest, file_id: uuid.UUID) -> HttpResponseBase:
     credentials = Credentials.from_request(request)
-    found = await in_pool(_readable)(credentials, file_id)
+    found = await web_db(_readable)(credentials, file_id)
     if found is None:
         return _refused(404, "no such file")
     row, handle = found

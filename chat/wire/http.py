@@ -28,11 +28,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -52,6 +51,7 @@ from . import silence
 from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, announce_accepted, announcer, group_name
 from .chain import ChainRead, Cursor, chain_read, rejoin_root
 from .limits import SOCKET_RENEW_S, replay_refusal, socket_slot_release, socket_slot_renew, socket_slot_take
+from .pool import web_db
 from .resume import is_start
 
 logger = logging.getLogger(__name__)
@@ -138,12 +138,12 @@ async def send(request: HttpRequest, agent: str) -> HttpResponseBase:
     if not isinstance(name, str):
         return _refused(400, "Invalid chat request: 'id' (the chat id) must be a string")
     door = _Door(request, agent)
-    refusal = await in_pool(door.check)(name, write=True)
+    refusal = await web_db(door.check)(name, write=True)
     if refusal is not None:
         return refusal
     try:
         chat = p.chat_request(request_id_for(body), body, limits)
-        conversation = await in_pool(conversation_open_as)(
+        conversation = await web_db(conversation_open_as)(
             agent=agent, name=name, principal=door.principal, policy=access_policy(), address=door.address
         )
     except p.ProtocolError as exc:
@@ -172,7 +172,7 @@ async def send(request: HttpRequest, agent: str) -> HttpResponseBase:
 async def _accept(door: _Door, conversation_id: int, chat: p.ChatRequest) -> str | HttpResponse:
     """A new turn (or the one this request already started): its request id, the root of its chain."""
     policy = agent_class(door.agent)
-    accepted = await in_pool(turn_accept)(
+    accepted = await web_db(turn_accept)(
         conversation_id=conversation_id,
         request=chat,
         policy=policy.message_concurrency,
@@ -197,7 +197,7 @@ async def _answer(
     answers), applied as the WebSocket's tool frames are; the root of the continuation they start, or
     of the turn already running (this POST sent again), or None when nothing runs (more answers due)."""
     try:
-        answers = await in_pool(tool_answers)(
+        answers = await web_db(tool_answers)(
             conversation_id=conversation_id,
             message=chat.messages[-1],
             client_tools=chat.client_tools,
@@ -211,8 +211,8 @@ async def _answer(
     for answer in answers:
         if isinstance(answer, p.ToolResult):
             if server_tools is None:
-                server_tools = await in_pool(server_tool_names)(door.agent, name, conversation_id)
-            result = await in_pool(tool_result_apply)(
+                server_tools = await web_db(server_tool_names)(door.agent, name, conversation_id)
+            result = await web_db(tool_result_apply)(
                 conversation_id=conversation_id,
                 result=answer,
                 server_tools=server_tools,
@@ -220,7 +220,7 @@ async def _answer(
                 address=door.address,
             )
         else:
-            result = await in_pool(tool_approval_apply)(
+            result = await web_db(tool_approval_apply)(
                 conversation_id=conversation_id, approval=answer, announce=announce, address=door.address
             )
         if result.status == "refused":
@@ -230,7 +230,7 @@ async def _answer(
         continuation = result.continuation_request_id or continuation
     if continuation is not None:
         return continuation
-    return await in_pool(rejoin_root)(conversation_id=conversation_id)
+    return await web_db(rejoin_root)(conversation_id=conversation_id)
 
 
 _SETTLED = ("output-available", "output-error", "output-denied")
@@ -287,7 +287,7 @@ async def rejoin(request: HttpRequest, agent: str, name: str) -> HttpResponseBas
     door, conversation = found
     if conversation is None:
         return HttpResponse(status=204)
-    root = await in_pool(rejoin_root)(conversation_id=conversation.pk)
+    root = await web_db(rejoin_root)(conversation_id=conversation.pk)
     if root is None:
         return HttpResponse(status=204)
     refused = await sync_to_async(replay_refusal, thread_sensitive=False)(door.principal)
@@ -317,11 +317,11 @@ async def _existing(
 ) -> tuple[_Door, Conversation | None] | HttpResponse:
     """The asker and the conversation, if it exists and the asker may use it; else the refusal."""
     door = _Door(request, agent)
-    refusal = await in_pool(door.check)(name, write=write)
+    refusal = await web_db(door.check)(name, write=write)
     if refusal is not None:
         return refusal
     try:
-        conversation = await in_pool(conversation_read)(agent=agent, name=name, credentials=door.credentials)
+        conversation = await web_db(conversation_read)(agent=agent, name=name, credentials=door.credentials)
     except AccessDenied as exc:
         return _refused(403, str(exc))
     return door, conversation
@@ -358,17 +358,6 @@ async def _release_slot(slot: dict[str, Any]) -> None:
 
 _PART_STARTS = ('{"type":"text-start"', '{"type":"reasoning-start"')
 _PART_ENDS = ('{"type":"text-end"', '{"type":"reasoning-end"')
-
-
-def in_pool(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """`fn` on the loop's shared thread pool, its database connections those of the pool's threads.
-
-    Not Django's default (thread_sensitive=True): under ASGI that is a thread of the request's own, and
-    a streaming answer lives as long as its turn, so every open answer would hold a database connection
-    of its own (with CONN_MAX_AGE > 0, until the answer ends): 200 answers at once asked Postgres for
-    200 connections and were refused past its max_connections. Nothing here needs the request's thread.
-    """
-    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 def _event(body: str) -> bytes:
@@ -483,7 +472,7 @@ class ChainTail:
 
     async def _read(self) -> ChainRead:
         assert self.root is not None
-        return await in_pool(chain_read)(
+        return await web_db(chain_read)(
             conversation_id=self.conversation_id, root_request_id=self.root, cursor=self.cursor
         )
 

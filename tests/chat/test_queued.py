@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
+from django.db import connection, transaction
 
 from chat.checks import check_think_settings
+from chat.models import Conversation
 from chat.wire import protocol as p
 from recovery.models import Fiber
 from tests.chat.sockets import Frame, connected, new_name, receive_until
@@ -45,6 +48,11 @@ def quick_notice(settings: Any) -> None:
 
 def queued(request_id: str) -> Any:
     return lambda frame: frame["type"] == p.CHAT_QUEUED and frame.get("id") == request_id
+
+
+def waits_for_workers(request_id: str) -> Any:
+    """Its notice once it is accepted (before, a slow accept is told "server")."""
+    return lambda frame: queued(request_id)(frame) and frame["reason"] == p.QUEUED_FOR_WORKER
 
 
 async def frames_for(communicator: Any, seconds: float) -> list[Frame]:
@@ -154,3 +162,43 @@ async def test_a_request_still_being_accepted_is_reported_waiting_for_the_server
     assert first[-1] == {"type": p.CHAT_QUEUED, "id": "r-slow", "reason": "server"}
     assert told_at < accepted_at[0], "told while it was being accepted"
     assert later[-1] == {"type": p.CHAT_QUEUED, "id": "r-slow", "reason": "workers"}
+
+
+async def test_an_accept_waiting_on_its_conversation_holds_no_other_accept(quiet_broker: Any) -> None:
+    """The web process's database calls run on a pool (chat.wire.pool), not on one thread for every
+    consumer: an accept that waits (here on its conversation's row, locked elsewhere; under a burst, on
+    Postgres) leaves the other conversations' accepts to go on."""
+    name_a, name_b = new_name(), new_name()
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        try:
+            with transaction.atomic():
+                Conversation.objects.select_for_update().get(name=name_a)
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    async with connected(name_a) as a, connected(name_b) as b:
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        try:
+            assert await asyncio.to_thread(locked.wait, 10)
+            await a.send_to(text_data=chat_request("r-held", [user_message("one")]))
+            await asyncio.sleep(0.3)  # its accept is now waiting for the lock
+            await b.send_to(text_data=chat_request("r-free", [user_message("two")]))
+            await receive_until(b, waits_for_workers("r-free"), timeout=5)  # accepted, not "server"
+            stored = Fiber.objects.filter(request_id__in=["r-held", "r-free"]).values_list(
+                "request_id", flat=True
+            )
+            assert await database_sync_to_async(list)(stored) == ["r-free"], (
+                "the free one only, while A waits"
+            )
+        finally:
+            release.set()
+            await asyncio.to_thread(holder.join, 10)
+        await receive_until(a, waits_for_workers("r-held"), timeout=5)
+    assert sorted(quiet_broker["turns"]) == sorted(
+        await database_sync_to_async(list)(Fiber.objects.values_list("pk", flat=True))
+    )

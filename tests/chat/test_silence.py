@@ -146,3 +146,28 @@ def test_the_silence_must_be_a_positive_number(settings: Any, value: Any) -> Non
 
     settings.THINK = {**django_settings.THINK, "STREAM_SILENCE_MS": value}
     assert [error.id for error in check_think_settings()] == ["think_chat.E005"]
+
+
+async def test_live_frames_reach_the_socket_without_a_thread_hop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-frame path of the web process: a group event of streamed frames is forwarded as it is,
+    with no database, cache or thread call per event (Channels' dispatch hops to its sync thread before
+    every message; chat.wire.consumers.ChatConsumer.dispatch does not)."""
+    name = new_name("silence")
+    async with connected(name) as socket:
+        conversation_id, stream = await open_stream(name)
+        await store(stream, 0, 19)
+        loop = asyncio.get_running_loop()
+        hops: list[Any] = []
+        run_in_executor = loop.run_in_executor
+
+        def counted(executor: Any, fn: Any, *args: Any) -> Any:
+            hops.append(fn)
+            return run_in_executor(executor, fn, *args)
+
+        monkeypatch.setattr(loop, "run_in_executor", counted)
+        for i in range(20):  # one event each, as a flusher tick of one turn sends them
+            await publish(conversation_id, i, i)
+        frames = await receive_until(socket, lambda f: f.get("seq") == 19)
+        monkeypatch.undo()
+    assert seqs(frames) == list(range(20))
+    assert hops == [], f"{len(hops)} thread hops for 20 events"
