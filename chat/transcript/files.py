@@ -26,7 +26,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.cache import cache
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import connection, transaction
@@ -34,6 +33,7 @@ from django.db.models import Sum
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
+from ..caching import shared_cache
 from ..conf import think_setting
 from ..exceptions import FileRefused
 from ..models import ChatFile
@@ -258,7 +258,7 @@ def _address_file_refusal(principal: str, adding: int, address: str | None) -> N
     most = think_setting("ANONYMOUS_FILE_BYTES_PER_DAY_PER_ADDRESS")
     if most is None or not address or not principal.startswith(ANONYMOUS_PREFIX):
         return
-    key = f"think:anonymous-file-bytes:{address}"
+    key, cache = f"think:anonymous-file-bytes:{address}", shared_cache()
     cache.add(key, 0, timeout=86_400)  # a day from the address's first file
     if cache.incr(key, adding) > most:
         cache.decr(key, adding)  # refused: these bytes are not kept

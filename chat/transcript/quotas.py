@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.core.cache import cache
 from django.db import connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
-from recovery.models import Fiber
+from recovery.models import ACTIVE_STATUSES, Fiber
 
+from ..caching import shared_cache
 from ..conf import think_setting
 from ..exceptions import ConversationLimit
 from ..models import Conversation
@@ -76,13 +77,17 @@ def principal_refusal(principal: str, *, address: str | None = None) -> str:
                 return f"you have used your {tokens} tokens for today (UTC); try again tomorrow"
             if output is not None and used_out >= output:
                 return f"you have used your {output} output tokens for today (UTC); try again tomorrow"
-    mine = Fiber.objects.filter(conversation__owner=principal)
-    if active is not None and mine.active().count() >= active:
+    if active is None and per_minute is None:
+        return ""
+    since = timezone.now() - timedelta(seconds=60)
+    counts = Fiber.objects.filter(conversation__owner=principal).aggregate(  # both in one statement
+        active=Count("pk", filter=Q(status__in=ACTIVE_STATUSES)),
+        recent=Count("pk", filter=Q(created_at__gte=since)),
+    )
+    if active is not None and counts["active"] >= active:
         return f"you already have {active} turns queued or running; send this when one has finished"
-    if per_minute is not None:
-        since = timezone.now() - timedelta(seconds=60)
-        if mine.filter(created_at__gte=since).count() >= per_minute:
-            return f"you have started {per_minute} turns in the last minute; wait a moment"
+    if per_minute is not None and counts["recent"] >= per_minute:
+        return f"you have started {per_minute} turns in the last minute; wait a moment"
     return ""
 
 
@@ -91,7 +96,7 @@ def _address_refusal(principal: str, address: str | None) -> str:
     limit = think_setting("ANONYMOUS_TURNS_PER_MINUTE_PER_ADDRESS")
     if limit is None or not address or not principal.startswith(ANONYMOUS_PREFIX):
         return ""
-    key = f"think:anonymous-turns:{address}"
+    key, cache = f"think:anonymous-turns:{address}", shared_cache()
     cache.add(key, 0, timeout=60)  # a window that opens with the address's first turn
     if cache.incr(key) > limit:
         return f"more than {limit} turns a minute from your address without signing in; wait a moment"
@@ -103,7 +108,7 @@ def _address_conversation_counted(owner: str, address: str | None) -> None:
     limit = think_setting("ANONYMOUS_NEW_CONVERSATIONS_PER_HOUR_PER_ADDRESS")
     if limit is None or not address or not owner.startswith(ANONYMOUS_PREFIX):
         return
-    key = f"think:anonymous-conversations:{address}"
+    key, cache = f"think:anonymous-conversations:{address}", shared_cache()
     cache.add(key, 0, timeout=3600)  # a window that opens with the address's first new conversation
     if cache.incr(key) > limit:
         raise ConversationLimit(

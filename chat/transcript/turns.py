@@ -11,12 +11,14 @@ import dataclasses
 import functools
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from recovery.fibers import (
@@ -27,7 +29,7 @@ from recovery.fibers import (
     next_pending_fiber,
 )
 from recovery.incident_store import incident_cancelled, incident_mark_running
-from recovery.models import Fiber, FiberQuerySet
+from recovery.models import ACTIVE_STATUSES, Fiber
 
 from ..conf import frame_limits, think_setting
 from ..exceptions import ConversationBusy, FileRefused, ProtocolError
@@ -55,24 +57,48 @@ Messages = list[dict[str, Any]]
 MessagesOrFunction = Messages | Callable[[Messages], Messages]
 
 
+@dataclass(frozen=True)
+class Turns:
+    """A conversation's turns as an accept sees them, in one read (`_turns_of`): the fiber of the request
+    being accepted, if it has one already, and how many others are queued and running."""
+
+    existing: Any = None  # the request's own fiber (any status): the request came again
+    pending: int = 0
+    running: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.running)
+
+
+def _turns_of(conversation_id: int, request_id: str) -> Turns:
+    rows = Fiber.objects.filter(
+        Q(request_id=request_id) | Q(status__in=ACTIVE_STATUSES), conversation_id=conversation_id
+    ).values_list("pk", "request_id", "status")
+    existing, statuses = None, Counter[str]()
+    for pk, fiber_request, status in rows:
+        if fiber_request == request_id:
+            existing = pk
+        else:
+            statuses[status] += 1
+    return Turns(existing, statuses[Fiber.Status.PENDING], statuses[Fiber.Status.RUNNING])
+
+
 def turn_refusal(
     *,
-    conversation_id: int,
     request: ChatRequest,
-    busy: FiberQuerySet,
+    turns: Turns,
     policy: str,
     client_history: bool,
-    known: Collection[str] | None = None,
-    edit: Edit | None | Literal[False] = False,
+    known: Collection[str],
+    edit: Edit | None,
 ) -> str:
     """Why a chat request is refused ("" when it is not): a message it adds is not the client's to add,
     or is over the limits, or the conversation's queue is full, or it regenerates while a turn is queued
     or running (it would delete the messages that turn answers). Messages the server already has are
     echoes and not checked: the server wrote them itself (long answers, big tool outputs), and the
-    stored ones stay as they are whatever the echo says. Call with the conversation locked. `known` (the
-    stored ids among the request's) and `edit` (`_edit_of`), when the caller read them already."""
-    if known is None:
-        known = set(_known_positions(conversation_id, request.messages))
+    stored ones stay as they are whatever the echo says. Call with the conversation locked: `known` (the
+    stored ids among the request's), `edit` (`_edit_of`) and `turns` (`_turns_of`) were read under it."""
     limits = frame_limits()
     new = _new_messages(request.messages, known)
     most = think_setting("MAX_NEW_MESSAGES")
@@ -89,13 +115,11 @@ def turn_refusal(
             check_message_limits(message, limits)
         except ProtocolError as exc:
             return str(exc)
-    if request.trigger == "regenerate-message" and busy.exists():
+    if request.trigger == "regenerate-message" and turns.busy:
         return (
             "a turn is queued or running in this conversation; regenerate replaces the last answer, so stop"
             " that turn or wait for it first"
         )
-    if edit is False:
-        edit = _edit_of(conversation_id, request)
     if edit is not None:
         problem = None if client_history else client_message_problem(edit[0])
         if problem is not None:
@@ -104,13 +128,13 @@ def turn_refusal(
             check_message_limits(edit[0], limits)
         except ProtocolError as exc:
             return str(exc)
-        if busy.exists():
+        if turns.busy:
             return (
                 "a turn is queued or running in this conversation; an edited message starts a new branch"
                 " there, so stop that turn or wait for it first"
             )
     queued = think_setting("MAX_QUEUED_TURNS")
-    if policy == "queue" and busy.filter(status=Fiber.Status.PENDING).count() >= queued:
+    if policy == "queue" and turns.pending >= queued:
         return f"{queued} turns are already queued in this conversation; send it when one has run"
     return ""
 
@@ -143,13 +167,18 @@ def turn_snapshot(
     continuation: bool,
     root_request_id: str | None = None,
     incident_id: str | None = None,
+    appended: list[dict[str, Any]] | None = None,
 ) -> TurnSnapshot:
     """The turn a fiber will run, taken before the model is called, so even a pre-stream crash is
-    recoverable."""
+    recoverable. `appended`: the messages the caller just added at the end of the transcript (under
+    the lock), which tell the latest ones without reading them."""
+    latest, latest_user = _latest_of(appended or [])
     # The ids and roles only: the latest message is often a long answer, its parts not needed here.
     messages = Message.objects.filter(conversation=conversation).order_by("-position")
-    latest = messages.values_list("message_id", "role").first()
-    latest_user = messages.filter(role=Message.Role.USER).values_list("message_id", flat=True).first()
+    if latest is None:
+        latest = messages.values_list("message_id", "role").first()
+    if latest_user is None:
+        latest_user = messages.filter(role=Message.Role.USER).values_list("message_id", flat=True).first()
     return TurnSnapshot(
         request_id=request_id,
         continuation=continuation,
@@ -162,6 +191,16 @@ def turn_snapshot(
         last_client_tools=conversation.last_client_tools,
         incident_id=incident_id,
     )
+
+
+def _latest_of(appended: list[dict[str, Any]]) -> tuple[tuple[str, str] | None, str | None]:
+    """The latest message (id, role) and latest user message id among messages just appended, where
+    they tell it (None where they do not)."""
+    if not appended:
+        return None, None
+    latest = (appended[-1]["id"], appended[-1]["role"])
+    users = [message["id"] for message in appended if message["role"] == Message.Role.USER]
+    return latest, users[-1] if users else None
 
 
 @dataclass(frozen=True)
@@ -193,21 +232,19 @@ def turn_accept(
     """
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
-        existing = Fiber.objects.filter(conversation=conversation, request_id=request.id).first()
-        if existing is not None:
-            return AcceptedTurn(existing.pk, request.id, duplicate=True)
-        busy = Fiber.objects.filter(conversation=conversation).active()
+        turns = _turns_of(conversation_id, request.id)
+        if turns.existing is not None:
+            return AcceptedTurn(turns.existing, request.id, duplicate=True)
         known = _known_positions(conversation_id, request.messages)  # read once: nothing adds any before
         try:
             files = _request_files(conversation_id, request, known)
         except FileRefused as exc:
             return AcceptedTurn(None, request.id, refused=str(exc))
         request = dataclasses.replace(request, messages=files.messages)
-        edit = _edit_of(conversation_id, request)  # of the request with its files' stored URLs
+        edit = _edit_of(conversation_id, request, known)  # of the request with its files' stored URLs
         refused = principal_refusal(conversation.owner, address=address) or turn_refusal(
-            conversation_id=conversation_id,
             request=request,
-            busy=busy,
+            turns=turns,
             policy=policy,
             client_history=client_history,
             known=known,
@@ -215,7 +252,7 @@ def turn_accept(
         )
         if refused:
             return AcceptedTurn(None, request.id, refused=refused)
-        if policy == "drop" and busy.exists():
+        if policy == "drop" and turns.busy:
             return AcceptedTurn(None, request.id, dropped=True)
         try:
             principal_file_refusal(conversation.owner, sum(len(f.data) for f in files.new), address=address)
@@ -223,7 +260,7 @@ def turn_accept(
             return AcceptedTurn(None, request.id, refused=str(exc))
         files_store(conversation_id, conversation.owner, files.new)
         superseded: tuple[str, ...] = ()
-        if policy == "latest":
+        if policy == "latest" and turns.pending:
             waiting = _waiting_turns(conversation_id)
             superseded = fibers_supersede_pending(conversation_id=conversation_id)
             for request_id in superseded:  # replaced before they ran: those turns end here
@@ -234,14 +271,16 @@ def turn_accept(
                     last_request_id=request_id,
                     ending=Ending.SKIPPED,
                 )
-        _reconcile(conversation_id, request.messages, request.trigger, known=known, edit=edit)
+        appended = _reconcile(conversation_id, request.messages, request.trigger, known=known, edit=edit)
         conversation.last_body = request.extra or None
         if request.client_tools is not None:
             conversation.last_client_tools = request.client_tools
         conversation.last_terminal = None
         conversation.save(update_fields=["last_body", "last_client_tools", "last_terminal", "updated_at"])
-        snapshot = turn_snapshot(conversation=conversation, request_id=request.id, continuation=False)
-        ahead = busy.count()
+        snapshot = turn_snapshot(
+            conversation=conversation, request_id=request.id, continuation=False, appended=appended
+        )
+        ahead = turns.running + turns.pending - len(superseded)
         fiber = fiber_create(
             conversation_id=conversation_id,
             request_id=request.id,
@@ -249,7 +288,11 @@ def turn_accept(
             snapshot=snapshot.envelope(),
         )
         principal_turn_counted(conversation.owner)
-        transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber.pk, conversation_id=conversation_id))
+        fiber_id = fiber.pk
+        if ahead:
+            transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber_id, conversation_id=conversation_id))
+        else:  # nothing else queued or running, under the lock: it runs next, no need to look again
+            transaction.on_commit(lambda: turn_send(fiber_id))
     return AcceptedTurn(fiber.pk, request.id, superseded=superseded, ahead=ahead)
 
 
@@ -281,14 +324,15 @@ def _new_messages(incoming: list[dict[str, Any]], known: Collection[str]) -> lis
     return list(new.values())
 
 
-def _edit_of(conversation_id: int, request: ChatRequest) -> Edit | None:
+def _edit_of(conversation_id: int, request: ChatRequest, known: Collection[str]) -> Edit | None:
     """An edit: a submitted request whose last message is a stored user message with other parts (the
     AI SDK's `sendMessage({text, messageId})`). That message and its stored position; None otherwise.
-    A message cut for display (its echo differs from what is stored) is never taken for an edit."""
+    A message cut for display (its echo differs from what is stored) is never taken for an edit.
+    `known`: the stored ids among the request's (a new message is no edit, and costs no read)."""
     if request.trigger != "submit-message" or not request.messages:
         return None
     last = request.messages[-1]
-    if last.get("role") != "user" or TRUNCATED_KEY in (last.get("metadata") or {}):
+    if last["id"] not in known or last.get("role") != "user" or TRUNCATED_KEY in (last.get("metadata") or {}):
         return None
     stored = (
         Message.objects.filter(conversation_id=conversation_id, message_id=last["id"], role=Message.Role.USER)
@@ -307,14 +351,14 @@ def _reconcile(
     *,
     known: dict[str, int],
     edit: Edit | None,
-) -> None:
+) -> list[dict[str, Any]]:
     """Merge the client's transcript into ours: the server is authoritative for messages it has.
 
     New messages are appended in order. On regenerate, the client has dropped the last assistant
     message: what follows the last incoming one we know is set aside as a branch (chat.transcript.
     branches). An edited user message sets itself and what followed it aside the same way, and the new
     version takes its place. `known`: the stored positions of the incoming ids (`_known_positions`), read
-    before anything was added; `edit`: `_edit_of` the request.
+    before anything was added; `edit`: `_edit_of` the request. Returns the messages it appended.
     """
     known = dict(known)
     if trigger == "regenerate-message":
@@ -325,7 +369,9 @@ def _reconcile(
     if edit is not None:
         tail_set_aside(conversation_id=conversation_id, after_position=edit[1] - 1)
         known.pop(edit[0]["id"], None)
-    messages_append(conversation_id=conversation_id, messages=_new_messages(incoming, known))
+    appended = _new_messages(incoming, known)
+    messages_append(conversation_id=conversation_id, messages=appended)
+    return appended
 
 
 def _known_positions(conversation_id: int, incoming: list[dict[str, Any]]) -> dict[str, int]:

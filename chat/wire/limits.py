@@ -14,9 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
-from django.core.cache.backends.redis import RedisCache
-
+from ..caching import shared_cache, shared_redis
 from ..conf import think_setting
 
 
@@ -94,15 +92,9 @@ class _LocalSlots:
 _local = _LocalSlots()
 
 
-def _redis() -> Any:
-    """The shared cache's Redis client, or None when the cache is not Django's Redis backend."""
-    backend = caches[DEFAULT_CACHE_ALIAS]  # the backend itself: `cache` is a proxy, never a RedisCache
-    return backend._cache.get_client(write=True) if isinstance(backend, RedisCache) else None  # type: ignore[attr-defined]
-
-
 def _slot_keys(principal: str, address: str | None) -> list[tuple[str, str, int]]:
     """(cache key, setting, limit) of each count a socket of `principal` from `address` takes a slot in."""
-    keys = []
+    keys, cache = [], shared_cache()
     most = think_setting("PRINCIPAL_MAX_SOCKETS")
     if most is not None and principal:
         keys.append((cache.make_key(f"think:sockets:{principal}"), "PRINCIPAL_MAX_SOCKETS", most))
@@ -118,7 +110,7 @@ def socket_slot_take(*, principal: str, address: str | None, socket: str) -> str
     """Take the socket's slots; why it may not stay open ("" when it may, and then it holds its slots
     until socket_slot_release)."""
     now = time.time()
-    client, taken = _redis(), list[str]()
+    client, taken = shared_redis(), list[str]()
     for key, name, limit in _slot_keys(principal, address):
         if client is not None:
             ok = bool(client.eval(_TAKE, 1, key, now, now + SOCKET_TTL_S, socket, limit, SOCKET_TTL_S * 2))
@@ -136,7 +128,7 @@ def socket_slot_take(*, principal: str, address: str | None, socket: str) -> str
 
 def socket_slot_renew(*, principal: str, address: str | None, socket: str) -> None:
     """An open socket keeps its slots another SOCKET_TTL_S."""
-    now, client = time.time(), _redis()
+    now, client = time.time(), shared_redis()
     for key, _, _ in _slot_keys(principal, address):
         if client is not None:
             client.zadd(key, {socket: now + SOCKET_TTL_S}, xx=True)
@@ -146,7 +138,7 @@ def socket_slot_renew(*, principal: str, address: str | None, socket: str) -> No
 
 
 def socket_slot_release(*, principal: str, address: str | None, socket: str) -> None:
-    client = _redis()
+    client = shared_redis()
     for key, _, _ in _slot_keys(principal, address):
         _release(client, key, socket)
 
@@ -166,6 +158,7 @@ def replay_refusal(principal: str) -> str:
     if limit is None or not principal:
         return ""
     key = f"think:replays:{principal}"
+    cache = shared_cache()
     cache.add(key, 0, timeout=60)
     if cache.incr(key) > limit:
         return f"more than {limit} stream replays a minute; wait a moment"

@@ -1,47 +1,76 @@
-"""What accepting a turn costs the web process: the statements of `turn_accept`, counted (issue 37: an
-accept runs on the consumers' database thread, and a burst of turns queues behind it)."""
+"""What accepting a turn costs the web process: the statements of `turn_accept`, counted, with what runs
+when its transaction commits (issue 37: a burst of 500 accepts must not queue behind each other's round
+trips)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from chat.conf import DEFAULTS
 from chat.models import Conversation
 from chat.transcript.services import messages_append
+from chat.transcript.snapshot import FiberSnapshot
 from chat.transcript.turns import turn_accept
 from chat.wire.protocol import ChatRequest
 from recovery.models import Fiber
 
 pytestmark = pytest.mark.django_db
 
-# The statements of an accept of a new question in a conversation with history (the client echoing it),
-# the savepoint and its release included: 16 when the stored ids and the edit check were each read twice.
-MOST_STATEMENTS = 14
+# An accept of a new question in a conversation with history (the client echoing it), savepoint and
+# release included: the lock, one read of the conversation's turns, one of the request's stored ids, the
+# next position, the message, the conversation, the fiber. It was 16, then 14, plus 2 after the commit
+# (is another turn running? which pending one is first?), when each was read on its own.
+MOST_STATEMENTS = 9
+# A principal's turn under the default limits adds their lock, tokens of the day, one count of their
+# turns (active, and started in the last minute) and the day's tally.
+PRINCIPAL_STATEMENTS = 4
+
+LIMITS = (
+    "PRINCIPAL_MAX_ACTIVE_TURNS",
+    "PRINCIPAL_TURNS_PER_MINUTE",
+    "PRINCIPAL_TOKENS_PER_DAY",
+    "PRINCIPAL_OUTPUT_TOKENS_PER_DAY",
+)
 
 
 def text(message_id: str, role: str) -> dict[str, Any]:
     return {"id": message_id, "role": role, "parts": [{"type": "text", "text": message_id}]}
 
 
-def test_an_accept_costs_a_bounded_number_of_statements() -> None:
-    conversation = Conversation.objects.create(agent="assistant", name="cost")
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    import chat.transcript.turns
+
+    turns: list[Any] = []
+    monkeypatch.setattr(chat.transcript.turns, "turn_send", turns.append)
+    return turns
+
+
+@pytest.mark.parametrize("owner", ["", "user:1"])
+def test_an_accept_costs_a_bounded_number_of_statements(
+    owner: str, sent: list[Any], settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    settings.THINK = {**django_settings.THINK, **{key: DEFAULTS[key] for key in LIMITS}}
+    conversation = Conversation.objects.create(agent="assistant", name="cost", owner=owner)
     first = [text("u1", "user")]
-    assert turn_accept(
-        conversation_id=conversation.pk, request=ChatRequest("r1", first, "submit-message")
-    ).fiber_id
+    with django_capture_on_commit_callbacks(execute=True):
+        turn_accept(conversation_id=conversation.pk, request=ChatRequest("r1", first, "submit-message"))
     Fiber.objects.filter(conversation=conversation).update(status=Fiber.Status.COMPLETED)
     messages_append(conversation_id=conversation.pk, messages=[text("a1", "assistant")])  # its answer
     echo = [*first, text("a1", "assistant"), text("u2", "user")]
-    with CaptureQueriesContext(connection) as queries:
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
         accepted = turn_accept(
             conversation_id=conversation.pk, request=ChatRequest("r2", echo, "submit-message")
         )
-    assert accepted.fiber_id is not None
+    assert accepted.fiber_id is not None and sent[-1] == accepted.fiber_id, "sent to the workers"
     statements = [q["sql"] for q in queries.captured_queries]
-    assert len(statements) <= MOST_STATEMENTS, "\n".join(s[:120] for s in statements)
+    most = MOST_STATEMENTS + (PRINCIPAL_STATEMENTS if owner else 0)
+    assert len(statements) <= most, "\n".join(s[:120] for s in statements)
     # No message's parts are read but the edited one's (`_edit_of`, by its id): the latest message is
     # often a long answer, and accepting a question never needs it whole.
     parts_read = [
@@ -50,3 +79,26 @@ def test_an_accept_costs_a_bounded_number_of_statements() -> None:
         if '"think_chat_message"."parts"' in sql.split(" FROM ")[0] and '"message_id" = ' not in sql
     ]
     assert parts_read == []
+    turn = FiberSnapshot.from_json(Fiber.objects.get(pk=accepted.fiber_id).snapshot).turn
+    assert turn is not None
+    latest = (turn.latest_message_id, turn.latest_message_role, turn.latest_user_message_id)
+    assert latest == ("u2", "user", "u2"), "the snapshot names the question it answers, not read back"
+
+
+def test_a_turn_behind_another_is_sent_only_when_it_is_next(
+    sent: list[Any], django_capture_on_commit_callbacks: Any
+) -> None:
+    """Only an accept that found nothing queued or running sends its turn straight away; one behind
+    another waits for it (the running turn's end sends the next)."""
+    conversation = Conversation.objects.create(agent="assistant", name="behind")
+    first = [text("u1", "user")]
+    with django_capture_on_commit_callbacks(execute=True):
+        one = turn_accept(conversation_id=conversation.pk, request=ChatRequest("r1", first, "submit-message"))
+    Fiber.objects.filter(pk=one.fiber_id).update(status=Fiber.Status.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        two = turn_accept(
+            conversation_id=conversation.pk,
+            request=ChatRequest("r2", [*first, text("u2", "user")], "submit-message"),
+        )
+    assert two.ahead == 1
+    assert sent == [one.fiber_id], "the second waits for the first"

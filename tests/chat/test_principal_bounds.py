@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from chat.access import conversation_open_as
+from chat.caching import shared_redis
 from chat.exceptions import ConversationLimit
 from chat.models import Conversation
 from chat.wire import limits
@@ -228,3 +229,25 @@ async def test_replays_beyond_the_principals_bound_are_refused(settings: Any) ->
         "error": True,
     }
     await socket.disconnect(timeout=TIMEOUT_S)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_sockets_count_through_one_cache_client_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Django keeps a cache instance per async context, and each consumer is one: counted through it,
+    every socket made a Redis pool and a connection of its own (chat.caching). Here none does."""
+    import redis
+
+    shared_redis().ping()  # the process's client, made before the sockets
+    pools: list[Any] = []
+    made = redis.ConnectionPool.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        pools.append(self)
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.ConnectionPool, "__init__", counted)
+    sockets = [await open_socket(someone(), new_name("shared-cache")) for _ in range(3)]
+    for socket, first in sockets:
+        assert first["type"] != "websocket.close"
+        await socket.disconnect()
+    assert pools == [], f"{len(pools)} Redis pools made for 3 sockets"
