@@ -99,15 +99,28 @@ async def announce_accepted(
     conversation_id: int, superseded: tuple[str, ...], *, exclude: list[str] | None = None
 ) -> None:
     """After a turn was accepted: the senders of the turns it replaced stop waiting, and every client
-    of the conversation but `exclude` gets the transcript with the new messages."""
+    of the conversation but `exclude` gets the transcript with the new messages. Read only when one
+    may hear it: most conversations have one socket, the sender's (a read per accept, issue 37)."""
     from ..transcript.window import transcript_frame
     from .protocol import response_frame
 
     for request_id in superseded:
         await publish(conversation_id, response_frame(request_id, done=True, outcome="skipped"))
-    await publish(
-        conversation_id, await db(transcript_frame, conversation_id=conversation_id), exclude=exclude
-    )
+    if await _heard_by_others(conversation_id, exclude or []):
+        frame = await db(transcript_frame, conversation_id=conversation_id)
+        await publish(conversation_id, frame, exclude=exclude)
+
+
+async def _heard_by_others(conversation_id: int, exclude: list[str]) -> bool:
+    """Whether a connection of the conversation but `exclude` may hear a group message now (True when
+    the channel layer cannot tell, or cannot be asked)."""
+    others = getattr(get_channel_layer(), "group_has_others", None)
+    if others is None:
+        return True
+    try:
+        return bool(await others(group_name(conversation_id), exclude))
+    except (RedisError, OSError):
+        return True
 
 
 def announcer(conversation_id: int) -> Callable[[dict[str, Any]], None]:

@@ -3,7 +3,9 @@
 `RedisPubSubChannelLayer` delivers a group message with one `PUBLISH` (no per-consumer queues in
 Redis, no polling: each web process holds one subscription connection and hands messages to its
 consumers); `group_send_many` sends many groups' messages in one pipelined round trip, which is what
-the worker's flusher does with every turn's frames of a tick (`chat.wire.broadcast.publish_frames_many`).
+the worker's flusher does with every turn's frames of a tick (`chat.wire.broadcast.publish_frames_many`);
+`group_has_others` tells whether anyone but the sender would hear a message, so that the web process
+reads a transcript for other tabs only when there are some (`chat.wire.broadcast.announce_accepted`).
 
 A message published while a web process is not subscribed (a Redis restart, a reconnect) is lost, as
 with any pub/sub; every frame carries its `seq`, and a consumer fills a gap, or a silence, from
@@ -12,6 +14,7 @@ Postgres (`chat.wire.consumers`), so nothing a client must see depends on the la
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from channels_redis.pubsub import RedisPubSubChannelLayer
@@ -32,3 +35,18 @@ class RedisFanoutLayer(RedisPubSubChannelLayer):
                 for channel, data in items:
                     pipeline.publish(channel, data)
                 await pipeline.execute()
+
+    async def group_has_others(self, group: str, exclude: Collection[str]) -> bool:
+        """Whether a connection of `group` other than `exclude` hears a message sent to it now: one of
+        this process's, or any other process subscribed to the group (one PUBSUB NUMSUB, asked only
+        when this process has none but the excluded)."""
+        layer = self._get_layer()
+        channel = layer._get_group_channel_name(group)
+        here = layer.groups.get(channel, set())
+        if here - set(exclude):
+            return True
+        shard = layer._get_shard(channel)
+        async with shard._lock:
+            shard._ensure_redis()
+            [(_, subscribers)] = await shard._redis.pubsub_numsub(channel)
+        return int(subscribers) > (1 if here else 0)  # this process is one of them while it has any
