@@ -1,9 +1,10 @@
 """Overload: hundreds of turns started at once against one worker; none may be lost or duplicated.
 
 N WebSocket clients (one conversation each, one Python asyncio process) connect first, then all send
-their chat request at the same moment to one threads-pool worker (`--concurrency`, 64 by default: a
-turn holds a pool thread while its coroutine runs on the worker's event loop, so 64 turns run at once
-and the rest wait in the broker queue). Each turn is `count to K [rate R]` from the scripted model.
+their chat request at the same moment to one threads-pool worker (`--concurrency`, 512 by default, as
+in the Procfile: a turn holds a pool thread while its coroutine runs on the worker's event loop, so with
+fewer threads than turns the rest wait in the broker queue). Each turn is `count to K [rate R]` from
+the scripted model.
 
 Per turn: completed (the done frame, outcome completed), refused (an error frame; with
 `--max-active`, the per-principal limit), or neither. Then the store is read per conversation:
@@ -18,7 +19,7 @@ benchmark it asserts no timing.
 The stack (scripted model, daphne, beat, one worker) runs on a redis-server of its own and its own
 database (thinkproject_overload), so nothing else on the machine takes its turns.
 
-    .venv/bin/python bench/overload.py --turns 500 --concurrency 64
+    .venv/bin/python bench/overload.py --turns 500
     .venv/bin/python bench/overload.py --turns 40 --concurrency 4 --principals 4 --max-active 8 \
         --worker-after-accept   # the test's small form: a backlog, so the limit refuses exactly 8
 """
@@ -316,7 +317,7 @@ if __name__ == "__main__":
         "--turns", type=int, default=500, help="conversations, each starting one turn at once"
     )
     parser.add_argument(
-        "--concurrency", type=int, default=64, help="the worker's --concurrency (threads pool)"
+        "--concurrency", type=int, default=512, help="the worker's --concurrency (threads pool)"
     )
     parser.add_argument("--count", type=int, default=60, help="tokens per answer (count to K)")
     parser.add_argument("--rate", type=float, default=20, help="the scripted model's tokens per second")

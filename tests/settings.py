@@ -82,8 +82,9 @@ for _key in (
         THINK[_key] = None
 # A stack may stretch the lease, to show what happens before a heartbeat (tests/e2e/test_stop.py), or
 # keep its workers from polling for dead ones (the shared stack: it must not take the fibers of the
-# stacks that tests kill, which their own workers and beat recover from their own queue).
-for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S", "LIVENESS_POLL_MS"):
+# stacks that tests kill, which their own workers and beat recover from their own queue), or keep a web
+# process from reading a silent stream from Postgres (what it shows then came through the channel layer).
+for _key in ("HEARTBEAT_INTERVAL_S", "LEASE_TTL_S", "LIVENESS_POLL_MS", "STREAM_SILENCE_MS"):
     if os.environ.get(f"THINK_TEST_{_key}"):
         THINK[_key] = float(os.environ[f"THINK_TEST_{_key}"])
 # A worker may be told when to import litellm (tests/e2e/test_recovery.py: a cold worker without it).

@@ -17,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from recovery.fibers import conversation_busy, fiber_waiting
@@ -291,7 +292,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         fiber_id = await started
         if fiber_id is None or request_id in self.sent_seq:
             return
-        if await web_db(fiber_waiting)(fiber_id):
+        # Not on the database threads: under a burst they are busy with accepts, and the notice would
+        # come when the wait is over (bench/overload.py). The loop's default threads, a connection each.
+        if await database_sync_to_async(fiber_waiting, thread_sensitive=False)(fiber_id):
             await self._tell_queued(p.chat_queued_frame(request_id, p.QUEUED_FOR_WORKER))
 
     async def _tell_queued(self, frame: str) -> None:

@@ -172,16 +172,23 @@ def stored_answer(name: str, agent: str = "assistant") -> list[dict[str, Any]]:
 def watch_one_answer(page: Any, expected: str, timeout: float = 90, *, state: str = "null") -> None:
     """Poll the live screen until it shows `expected`: never a second copy, never a gap. `state`, a JS
     expression, says what the app holds when it does not finish (in the failure's message)."""
+    watch_one_answer_in([page], expected, timeout, state=state)
+
+
+def watch_one_answer_in(pages: list[Any], expected: str, timeout: float = 90, *, state: str = "null") -> None:
+    """watch_one_answer on every tab at once, each polled in turn until all show `expected`."""
     deadline = time.monotonic() + timeout
-    while True:
-        shown = [m for m in screen(page) if m["role"] == "assistant"]
-        assert len(shown) <= 1, f"the answer shows more than once: {shown}"
-        text = shown[0]["text"] if shown else ""
-        assert expected.startswith(text), f"the screen is not a prefix of the answer: {text[-80:]!r}"
-        if text == expected:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the answer did not finish: {text[-80:]!r}; {page.evaluate(state)}")
+    waiting = list(pages)
+    while waiting:
+        for page in list(waiting):
+            shown = [m for m in screen(page) if m["role"] == "assistant"]
+            assert len(shown) <= 1, f"the answer shows more than once: {shown}"
+            text = shown[0]["text"] if shown else ""
+            assert expected.startswith(text), f"the screen is not a prefix of the answer: {text[-80:]!r}"
+            if text == expected:
+                waiting.remove(page)
+            elif time.monotonic() > deadline:
+                raise AssertionError(f"the answer did not finish: {text[-80:]!r}; {page.evaluate(state)}")
         time.sleep(0.05)
 
 

@@ -3,7 +3,7 @@
 Each scenario asks that the screen, the hook's state and the store agree: a plain stream, a reload
 mid-stream, a worker killed mid-stream (the live screen holds the answer once, with no reload), a stop
 (the screen shows what is stored, and a later turn never changes it), a server tool, an approval, a
-client tool, and two tabs on one conversation.
+client tool, and two tabs on one conversation, also on two web processes across a worker's SIGKILL.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from tests.e2e.react_hook import (
     wait_text,
     watch_in_place,
     watch_one_answer,
+    watch_one_answer_in,
 )
 from tests.e2e.test_page import allow_sync_db_beside_playwright, browser  # noqa: F401
-from tests.support import numbers
+from tests.support import numbers, start_daphne
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -139,6 +140,36 @@ def test_a_worker_killed_mid_stream_leaves_one_answer_on_the_live_screen(
     transcript = finished(page, name)
     assert [m["role"] for m in transcript] == ["user", "assistant"]
     assert answer_text(transcript[1]) == expected
+
+
+def test_tabs_on_two_web_processes_see_one_exact_answer_across_a_worker_kill(
+    own_workers: Any, context: Any, bundle: Path, log_dir: Path
+) -> None:
+    """Two web processes serve one site (behind a balancer, each tab on one of them): the conversation's
+    fan-out (the channel layer) and its store are shared, so a tab on each follows the same answer live,
+    once and without a gap, across a SIGKILL of the worker mid-stream (docs/operations.md). The second
+    process's tab gets it live: with a channel layer of its own it would see nothing for ten minutes."""
+    stack = own_workers
+    # The other process never reads a silent stream from Postgres: what its tab shows came live.
+    other_web, other_port = start_daphne({**stack.env, "THINK_TEST_STREAM_SILENCE_MS": "600000"}, log_dir)
+    try:
+        worker = stack.start_worker()
+        name = new_name("two-webs")
+        first = new_tab(context, stack.port, AGENT, name)
+        second = new_tab(context, other_port, AGENT, name)
+        send(first, "count to 200 [rate 40]")
+        wait_text(second, " 40 ")  # live on the other web process
+        worker.kill(signal.SIGKILL)
+        stack.start_worker()
+        expected = numbers(200)
+        watch_one_answer_in([first, second], expected)
+        transcript = finished(first, name)
+        assert [m["role"] for m in transcript] == ["user", "assistant"]
+        assert answer_text(transcript[1]) == expected
+        settle(lambda: assert_agree(second, name))
+        assert first.errors == [] and second.errors == []
+    finally:
+        other_web.stop()
 
 
 def test_a_reload_during_a_recovered_continuation_shows_the_answer_once(
