@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q
 
-from recovery.models import Alarm, Fiber, Incident, Stream
+from recovery.models import ACTIVE_STATUSES, Alarm, Fiber, Incident, Stream
 from recovery.stream import stream_chunks
 
 from ..models import Compaction, Conversation, Message
@@ -118,6 +118,46 @@ def stream_for_request(*, conversation_id: int, request_id: str) -> Stream | Non
         .order_by("-created_at")
         .first()
     )
+
+
+_CONNECT = """
+SELECT c.recovering,
+    (SELECT s.request_id FROM {stream} s WHERE s.conversation_id = c.id AND s.status = %s
+     ORDER BY s.created_at DESC LIMIT 1),
+    (SELECT f.request_id FROM {fiber} f
+     WHERE f.conversation_id = c.id AND f.status = ANY(%s)
+         AND NOT EXISTS (SELECT 1 FROM {stream} s WHERE s.fiber_id = f.id)
+     ORDER BY f.created_at DESC LIMIT 1),
+    EXISTS (SELECT 1 FROM {message} m WHERE m.conversation_id = c.id)
+FROM {conversation} c WHERE c.id = %s
+"""
+
+
+@dataclass(frozen=True)
+class ConnectSummary:
+    """What a connecting client is told first, in one statement: `active_stream`'s request id,
+    `pending_turn_request_id`, the recovering flag, and whether there is a transcript at all."""
+
+    recovering: dict[str, Any] | None
+    active_request_id: str | None
+    pending_request_id: str | None
+    has_messages: bool
+
+
+def connect_summary(*, conversation_id: int) -> ConnectSummary:
+    sql = _CONNECT.format(
+        stream=Stream._meta.db_table,
+        fiber=Fiber._meta.db_table,
+        message=Message._meta.db_table,
+        conversation=Conversation._meta.db_table,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [Stream.Status.STREAMING, list(ACTIVE_STATUSES), conversation_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise Conversation.DoesNotExist(f"no conversation {conversation_id}")
+    recovering, active, pending, has_messages = row
+    return ConnectSummary(_json(recovering), active, pending, bool(has_messages))
 
 
 def pending_turn_request_id(*, conversation_id: int) -> str | None:

@@ -19,6 +19,7 @@ from ..models import Conversation, Message
 from ..transcript.folding import message_chunks
 from ..transcript.selectors import (
     active_stream,
+    connect_summary,
     pending_turn_request_id,
     stream_for_request,
     stream_partial,
@@ -40,18 +41,14 @@ class ConnectState:
 
 
 def connect_state(*, conversation_id: int) -> ConnectState:
-    stream = active_stream(conversation_id=conversation_id)
-    if stream is not None:
-        return ConnectState(stream.request_id, None, None, None)
-
-    conversation = Conversation.objects.only("recovering").get(pk=conversation_id)
-    fresh = recovering_flag_active(conversation.recovering, now_ms=int(time.time() * 1000))
-    return ConnectState(
-        None,
-        pending_turn_request_id(conversation_id=conversation_id),
-        transcript_window(conversation_id=conversation_id),
-        conversation.recovering if fresh else None,
-    )
+    """One statement (`connect_summary`), then the transcript's window when there is one and no stream
+    runs (a new conversation's connect reads nothing more)."""
+    summary = connect_summary(conversation_id=conversation_id)
+    if summary.active_request_id is not None:
+        return ConnectState(summary.active_request_id, None, None, None)
+    fresh = recovering_flag_active(summary.recovering, now_ms=int(time.time() * 1000))
+    window = transcript_window(conversation_id=conversation_id) if summary.has_messages else Window([], False)
+    return ConnectState(None, summary.pending_request_id, window, summary.recovering if fresh else None)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""What accepting a turn costs the web process: the statements of `turn_accept`, counted, with what runs
-when its transaction commits (issue 37: a burst of 500 accepts must not queue behind each other's round
-trips)."""
+"""What accepting a turn and connecting cost the web process: the statements of `turn_accept`, with what
+runs when its transaction commits, and of `connect_state` (issue 37: a burst of 500 must not queue behind
+each other's round trips)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from chat.transcript.services import messages_append
 from chat.transcript.snapshot import FiberSnapshot
 from chat.transcript.turns import turn_accept
 from chat.wire.protocol import ChatRequest
-from recovery.models import Fiber
+from chat.wire.resume import connect_state
+from recovery.models import Fiber, Stream
 
 pytestmark = pytest.mark.django_db
 
@@ -102,3 +103,26 @@ def test_a_turn_behind_another_is_sent_only_when_it_is_next(
         )
     assert two.ahead == 1
     assert sent == [one.fiber_id], "the second waits for the first"
+
+
+def test_a_connect_reads_one_statement_then_the_window_only_when_there_is_a_transcript() -> None:
+    """`connect_state`: one statement for what a connecting client is told first (active stream,
+    pending turn, recovering flag, whether there are messages); the window's reads only when there is
+    a transcript to show (it was six statements for a new conversation)."""
+    conversation = Conversation.objects.create(agent="assistant", name="connect")
+    with CaptureQueriesContext(connection) as queries:
+        state = connect_state(conversation_id=conversation.pk)
+    assert len(queries.captured_queries) == 1
+    assert state.window is not None and state.window.messages == [] and state.pending_request_id is None
+    messages_append(conversation_id=conversation.pk, messages=[text("u1", "user")])
+    fiber = Fiber.objects.create(conversation=conversation, request_id="r1")
+    with CaptureQueriesContext(connection) as queries:
+        state = connect_state(conversation_id=conversation.pk)
+    assert len(queries.captured_queries) <= 4, "the summary, the window's spans and rows, its branches"
+    assert state.window is not None and [m["id"] for m in state.window.messages] == ["u1"]
+    assert state.pending_request_id == "r1"
+    Stream.objects.create(conversation=conversation, fiber=fiber, request_id="r1", message_id="a1")
+    with CaptureQueriesContext(connection) as queries:
+        state = connect_state(conversation_id=conversation.pk)
+    assert len(queries.captured_queries) == 1
+    assert (state.active_request_id, state.window) == ("r1", None)
