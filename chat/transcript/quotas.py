@@ -19,7 +19,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Count, Q
 from django.utils import timezone
 
 from recovery.models import ACTIVE_STATUSES, Fiber
@@ -47,9 +46,17 @@ ON CONFLICT (principal, day) DO UPDATE
 SET input_tokens = think_chat_principal_usage.input_tokens + EXCLUDED.input_tokens,
     output_tokens = think_chat_principal_usage.output_tokens + EXCLUDED.output_tokens
 """
-_TOKENS_TODAY = """
-SELECT input_tokens, output_tokens FROM think_chat_principal_usage
-WHERE principal = %s AND day = (now() AT TIME ZONE 'UTC')::date
+# Everything the limits read, in one statement: the day's tokens, the turns queued or running, and the
+# turns started since the given time (the fibers of the principal's conversations).
+_USAGE = """
+SELECT coalesce(u.input_tokens, 0), coalesce(u.output_tokens, 0), t.active, t.recent
+FROM (
+    SELECT count(*) FILTER (WHERE f.status = ANY(%s)) AS active,
+        count(*) FILTER (WHERE f.created_at >= %s) AS recent
+    FROM {fiber} f JOIN think_chat_conversation c ON c.id = f.conversation_id
+    WHERE c.owner = %s
+) t
+LEFT JOIN think_chat_principal_usage u ON u.principal = %s AND u.day = (now() AT TIME ZONE 'UTC')::date
 """
 ANONYMOUS_PREFIX = "session:"  # chat.access: the principal of an anonymous visitor's session
 
@@ -68,25 +75,20 @@ def principal_refusal(principal: str, *, address: str | None = None) -> str:
     output = think_setting("PRINCIPAL_OUTPUT_TOKENS_PER_DAY")
     if active is None and per_minute is None and tokens is None and output is None:
         return ""
+    since = timezone.now() - timedelta(seconds=60)
     with connection.cursor() as cursor:
         cursor.execute(_LOCK, [f"think-principal:{principal}"])
-        if tokens is not None or output is not None:
-            cursor.execute(_TOKENS_TODAY, [principal])
-            used_in, used_out = cursor.fetchone() or (0, 0)
-            if tokens is not None and used_in + used_out >= tokens:
-                return f"you have used your {tokens} tokens for today (UTC); try again tomorrow"
-            if output is not None and used_out >= output:
-                return f"you have used your {output} output tokens for today (UTC); try again tomorrow"
-    if active is None and per_minute is None:
-        return ""
-    since = timezone.now() - timedelta(seconds=60)
-    counts = Fiber.objects.filter(conversation__owner=principal).aggregate(  # both in one statement
-        active=Count("pk", filter=Q(status__in=ACTIVE_STATUSES)),
-        recent=Count("pk", filter=Q(created_at__gte=since)),
-    )
-    if active is not None and counts["active"] >= active:
+        # Its own statement, after the lock: it sees every turn committed while the lock was waited for.
+        usage = _USAGE.format(fiber=Fiber._meta.db_table)
+        cursor.execute(usage, [list(ACTIVE_STATUSES), since, principal, principal])
+        used_in, used_out, running, recent = cursor.fetchone()
+    if tokens is not None and used_in + used_out >= tokens:
+        return f"you have used your {tokens} tokens for today (UTC); try again tomorrow"
+    if output is not None and used_out >= output:
+        return f"you have used your {output} output tokens for today (UTC); try again tomorrow"
+    if active is not None and running >= active:
         return f"you already have {active} turns queued or running; send this when one has finished"
-    if per_minute is not None and counts["recent"] >= per_minute:
+    if per_minute is not None and recent >= per_minute:
         return f"you have started {per_minute} turns in the last minute; wait a moment"
     return ""
 

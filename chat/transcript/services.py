@@ -59,12 +59,15 @@ def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
     return _message_create(conversation_id, message, _next_position(conversation_id))
 
 
-def messages_append(*, conversation_id: int, messages: list[dict[str, Any]]) -> None:
-    """Append new UIMessages (ids the conversation does not have) in one insert, after the last one.
-    Call with the conversation locked."""
+def messages_append(
+    *, conversation_id: int, messages: list[dict[str, Any]], after: int | None = None
+) -> None:
+    """Append new UIMessages (ids the conversation does not have) in one insert, after the last one
+    (`after`: its position, -1 for none, when the caller read it under the same lock). Call with the
+    conversation locked."""
     if not messages:
         return
-    first = _next_position(conversation_id)
+    first = _next_position(conversation_id) if after is None else after + 1
     Message.objects.bulk_create(
         Message(
             conversation_id=conversation_id,

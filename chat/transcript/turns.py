@@ -14,11 +14,10 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from celery import current_app
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
 from django.utils import timezone
 
 from recovery.fibers import (
@@ -40,7 +39,7 @@ from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
 from .files import Attachments, attachments_resolve, files_store, principal_file_refusal
 from .quotas import principal_refusal, principal_turn_counted
-from .selectors import messages_list
+from .selectors import _json, messages_list
 from .services import conversation_lock, message_upsert, messages_append
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
@@ -59,8 +58,8 @@ MessagesOrFunction = Messages | Callable[[Messages], Messages]
 
 @dataclass(frozen=True)
 class Turns:
-    """A conversation's turns as an accept sees them, in one read (`_turns_of`): the fiber of the request
-    being accepted, if it has one already, and how many others are queued and running."""
+    """A conversation's turns as an accept sees them (`_under_lock`): the fiber of the request being
+    accepted, if it has one already, and how many others are queued and running."""
 
     existing: Any = None  # the request's own fiber (any status): the request came again
     pending: int = 0
@@ -71,17 +70,47 @@ class Turns:
         return bool(self.pending or self.running)
 
 
-def _turns_of(conversation_id: int, request_id: str) -> Turns:
-    rows = Fiber.objects.filter(
-        Q(request_id=request_id) | Q(status__in=ACTIVE_STATUSES), conversation_id=conversation_id
-    ).values_list("pk", "request_id", "status")
+# What an accept reads once it holds the conversation's lock, in one statement: the request's fiber and
+# the conversation's queued and running ones, the stored positions of the request's message ids (a read
+# the size of the request, not of the history: a client may hold only the newest messages of a long
+# conversation), and the last position.
+_UNDER_LOCK = """
+SELECT
+    (SELECT coalesce(json_agg(json_build_array(f.id, f.request_id, f.status)), '[]') FROM {fiber} f
+     WHERE f.conversation_id = %(conversation)s
+         AND (f.request_id = %(request)s OR f.status = ANY(%(active)s))),
+    (SELECT coalesce(json_agg(json_build_array(m.message_id, m.position)), '[]') FROM {message} m
+     WHERE m.conversation_id = %(conversation)s AND m.message_id = ANY(%(ids)s)),
+    (SELECT max(m.position) FROM {message} m WHERE m.conversation_id = %(conversation)s)
+"""
+
+
+@dataclass(frozen=True)
+class UnderLock:
+    turns: Turns
+    known: dict[str, int]  # the stored positions of the request's message ids
+    last_position: int | None  # of the transcript's last message (None: it has none)
+
+
+def _under_lock(conversation_id: int, request: ChatRequest) -> UnderLock:
+    sql = _UNDER_LOCK.format(fiber=Fiber._meta.db_table, message=Message._meta.db_table)
+    params: dict[str, Any] = {
+        "conversation": conversation_id,
+        "request": request.id,
+        "active": list(ACTIVE_STATUSES),
+        "ids": [message["id"] for message in request.messages],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        fibers, known, last = cursor.fetchone()
     existing, statuses = None, Counter[str]()
-    for pk, fiber_request, status in rows:
-        if fiber_request == request_id:
-            existing = pk
+    for pk, fiber_request, status in _json(fibers):
+        if fiber_request == request.id:
+            existing = uuid.UUID(pk)
         else:
             statuses[status] += 1
-    return Turns(existing, statuses[Fiber.Status.PENDING], statuses[Fiber.Status.RUNNING])
+    turns = Turns(existing, statuses[Fiber.Status.PENDING], statuses[Fiber.Status.RUNNING])
+    return UnderLock(turns, dict(_json(known)), last)
 
 
 def turn_refusal(
@@ -98,7 +127,7 @@ def turn_refusal(
     or running (it would delete the messages that turn answers). Messages the server already has are
     echoes and not checked: the server wrote them itself (long answers, big tool outputs), and the
     stored ones stay as they are whatever the echo says. Call with the conversation locked: `known` (the
-    stored ids among the request's), `edit` (`_edit_of`) and `turns` (`_turns_of`) were read under it."""
+    stored ids among the request's), `edit` (`_edit_of`) and `turns` (`_under_lock`) were read under it."""
     limits = frame_limits()
     new = _new_messages(request.messages, known)
     most = think_setting("MAX_NEW_MESSAGES")
@@ -232,10 +261,10 @@ def turn_accept(
     """
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
-        turns = _turns_of(conversation_id, request.id)
+        read = _under_lock(conversation_id, request)
+        turns, known = read.turns, read.known
         if turns.existing is not None:
             return AcceptedTurn(turns.existing, request.id, duplicate=True)
-        known = _known_positions(conversation_id, request.messages)  # read once: nothing adds any before
         try:
             files = _request_files(conversation_id, request, known)
         except FileRefused as exc:
@@ -271,7 +300,14 @@ def turn_accept(
                     last_request_id=request_id,
                     ending=Ending.SKIPPED,
                 )
-        appended = _reconcile(conversation_id, request.messages, request.trigger, known=known, edit=edit)
+        appended = _reconcile(
+            conversation_id,
+            request.messages,
+            request.trigger,
+            known=known,
+            edit=edit,
+            last=read.last_position,
+        )
         conversation.last_body = request.extra or None
         if request.client_tools is not None:
             conversation.last_client_tools = request.client_tools
@@ -351,16 +387,19 @@ def _reconcile(
     *,
     known: dict[str, int],
     edit: Edit | None,
+    last: int | None | Literal[False] = False,
 ) -> list[dict[str, Any]]:
     """Merge the client's transcript into ours: the server is authoritative for messages it has.
 
     New messages are appended in order. On regenerate, the client has dropped the last assistant
     message: what follows the last incoming one we know is set aside as a branch (chat.transcript.
     branches). An edited user message sets itself and what followed it aside the same way, and the new
-    version takes its place. `known`: the stored positions of the incoming ids (`_known_positions`), read
-    before anything was added; `edit`: `_edit_of` the request. Returns the messages it appended.
+    version takes its place. `known`: the stored positions of the incoming ids (`_under_lock`), read
+    before anything was added; `edit`: `_edit_of` the request; `last`: the last stored position, when read
+    under the same lock (False: read it here). Returns the messages it appended.
     """
     known = dict(known)
+    moved = trigger == "regenerate-message" or edit is not None  # a tail set aside: positions changed
     if trigger == "regenerate-message":
         anchor = max((known[m["id"]] for m in incoming if m["id"] in known), default=None)
         if anchor is None:  # it knows none of ours (a window of one cut message): re-answer the last user's
@@ -370,16 +409,9 @@ def _reconcile(
         tail_set_aside(conversation_id=conversation_id, after_position=edit[1] - 1)
         known.pop(edit[0]["id"], None)
     appended = _new_messages(incoming, known)
-    messages_append(conversation_id=conversation_id, messages=appended)
+    after = None if last is False or moved else (-1 if last is None else last)
+    messages_append(conversation_id=conversation_id, messages=appended, after=after)
     return appended
-
-
-def _known_positions(conversation_id: int, incoming: list[dict[str, Any]]) -> dict[str, int]:
-    """The stored positions of the incoming messages the server has: a read the size of the request,
-    not of the history (a client may hold only the newest messages of a long conversation)."""
-    ids = [message["id"] for message in incoming]
-    rows = Message.objects.filter(conversation_id=conversation_id, message_id__in=ids)
-    return dict(rows.values_list("message_id", "position"))
 
 
 def _last_user_position(conversation_id: int) -> int:

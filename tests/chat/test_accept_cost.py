@@ -23,13 +23,14 @@ from recovery.models import Fiber, Stream
 pytestmark = pytest.mark.django_db
 
 # An accept of a new question in a conversation with history (the client echoing it), savepoint and
-# release included: the lock, one read of the conversation's turns, one of the request's stored ids, the
-# next position, the message, the conversation, the fiber. It was 16, then 14, plus 2 after the commit
-# (is another turn running? which pending one is first?), when each was read on its own.
-MOST_STATEMENTS = 9
-# A principal's turn under the default limits adds their lock, tokens of the day, one count of their
-# turns (active, and started in the last minute) and the day's tally.
-PRINCIPAL_STATEMENTS = 4
+# release included: the lock, one read of what the accept needs under it (the conversation's turns, the
+# request's stored ids, the last position), the message, the conversation, the fiber. It was 16, then
+# 14, plus 2 after the commit (is another turn running? which pending one is first?), each read alone.
+MOST_STATEMENTS = 7
+# A principal's turn under the default limits adds their lock, one read of what the limits count (the
+# day's tokens, their turns queued or running and those started in the last minute: it was three) and
+# the day's tally.
+PRINCIPAL_STATEMENTS = 3
 
 LIMITS = (
     "PRINCIPAL_MAX_ACTIVE_TURNS",
@@ -103,6 +104,11 @@ def test_a_turn_behind_another_is_sent_only_when_it_is_next(
         )
     assert two.ahead == 1
     assert sent == [one.fiber_id], "the second waits for the first"
+    again = turn_accept(
+        conversation_id=conversation.pk,
+        request=ChatRequest("r2", [*first, text("u2", "user")], "submit-message"),
+    )
+    assert again.duplicate and again.fiber_id == two.fiber_id, "the same request is the same turn"
 
 
 def test_a_connect_reads_one_statement_then_the_window_only_when_there_is_a_transcript() -> None:
