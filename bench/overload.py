@@ -1,7 +1,7 @@
 """Overload: hundreds of turns started at once against one worker; none may be lost or duplicated.
 
 N WebSocket clients (one conversation each, one Python asyncio process) connect first, then all send
-their chat request at the same moment to one threads-pool worker (`--concurrency`, 512 by default, as
+their chat request at the same moment to one threads-pool worker (`--concurrency`, 256 by default, as
 in the Procfile: a turn holds a pool thread while its coroutine runs on the worker's event loop, so with
 fewer threads than turns the rest wait in the broker queue). Each turn is `count to K [rate R]` from
 the scripted model.
@@ -317,7 +317,7 @@ if __name__ == "__main__":
         "--turns", type=int, default=500, help="conversations, each starting one turn at once"
     )
     parser.add_argument(
-        "--concurrency", type=int, default=512, help="the worker's --concurrency (threads pool)"
+        "--concurrency", type=int, default=256, help="the worker's --concurrency (threads pool)"
     )
     parser.add_argument("--count", type=int, default=60, help="tokens per answer (count to K)")
     parser.add_argument("--rate", type=float, default=20, help="the scripted model's tokens per second")
