@@ -207,8 +207,10 @@ def conversation_busy(conversation_id: int) -> bool:
 
 
 def fiber_waiting(fiber_id: Any) -> bool:
-    """The fiber is still pending: accepted, and no worker has claimed it yet."""
-    return Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.PENDING).exists()
+    """The fiber's turn has not started: no worker has claimed it yet, or the one that did has not opened
+    its stream (a worker whose loop is too busy to begin it: a burst of turns)."""
+    not_started = Q(status=Fiber.Status.PENDING) | Q(status=Fiber.Status.RUNNING, streams__isnull=True)
+    return Fiber.objects.filter(not_started, pk=fiber_id).exists()
 
 
 def fibers_fence_out(*, conversation_id: int) -> int:

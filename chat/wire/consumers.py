@@ -285,7 +285,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _watch_start(self, request_id: str, started: asyncio.Future[Any]) -> None:
         """Tell the clients that the turn waits if QUEUED_NOTICE_MS after its request came nothing of
         it was sent: for the server while it is still being accepted, then for a worker while no
-        worker has taken it."""
+        worker has begun it (recovery.fibers.fiber_waiting)."""
         await asyncio.sleep(float(think_setting("QUEUED_NOTICE_MS")) / 1000)
         if not started.done():  # the sender only: the other tabs have not been shown the request yet
             await self.send(p.chat_queued_frame(request_id, p.QUEUED_FOR_SERVER))

@@ -28,7 +28,7 @@ CHAT_RECOVERING = "cf_agent_chat_recovering"
 # thinkproject's own: a turn accepted but waiting (docs/protocol.md); clients without it ignore it.
 CHAT_QUEUED = "cf_agent_chat_queued"
 QUEUED_BEHIND_TURNS = "conversation"  # behind `position` turns of its own conversation
-QUEUED_FOR_WORKER = "workers"  # no worker has taken it yet (every slot busy, or the broker queue is long)
+QUEUED_FOR_WORKER = "workers"  # no worker has begun it (every slot busy, a long broker queue, a busy loop)
 QUEUED_FOR_SERVER = "server"  # the web process has not finished accepting it (busy with other requests)
 IDENTITY = "cf_agent_identity"
 # thinkproject's own: stop everything of the conversation (docs/protocol.md "Stop everything"); the

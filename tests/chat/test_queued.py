@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from chat.checks import check_think_settings
 from chat.models import Conversation
 from chat.wire import protocol as p
-from recovery.models import Fiber
+from recovery.models import Fiber, Stream
 from tests.chat.sockets import Frame, connected, new_name, receive_until
 from tests.support import chat_request, user_message
 
@@ -69,14 +69,24 @@ async def frames_for(communicator: Any, seconds: float) -> list[Frame]:
     return frames
 
 
-async def claim_by_hand(request_id: str) -> None:
-    """What a worker's claim does to the fiber, as far as the notice can tell (once it exists)."""
+async def claim_by_hand(request_id: str, *, start: bool = True) -> None:
+    """What a worker's claim does to the fiber, as far as the notice can tell (once it exists), and, with
+    `start`, the stream it opens right after (a worker too busy to begin has not opened it yet)."""
     running = Fiber.objects.filter(request_id=request_id)
     for _ in range(100):
         if await database_sync_to_async(running.update)(status=Fiber.Status.RUNNING):
-            return
+            break
         await asyncio.sleep(0.02)
-    raise AssertionError(f"no fiber for {request_id}")
+    else:
+        raise AssertionError(f"no fiber for {request_id}")
+    if start:
+        fiber = await database_sync_to_async(running.get)()
+        await database_sync_to_async(Stream.objects.create)(
+            conversation_id=fiber.conversation_id,
+            fiber=fiber,
+            request_id=request_id,
+            message_id="a-" + request_id,
+        )
 
 
 async def test_a_turn_no_worker_takes_is_reported_waiting_for_a_worker(quiet_broker: Any) -> None:
@@ -202,3 +212,16 @@ async def test_an_accept_waiting_on_its_conversation_holds_no_other_accept(quiet
     assert sorted(quiet_broker["turns"]) == sorted(
         await database_sync_to_async(list)(Fiber.objects.values_list("pk", flat=True))
     )
+
+
+async def test_a_turn_a_worker_claimed_but_has_not_begun_is_reported_waiting_for_a_worker(
+    quiet_broker: Any,
+) -> None:
+    """Under a burst a worker takes turns faster than its loop can begin them: claimed, its stream not
+    open yet when the notice is due, the turn still waits for a worker (bench/overload.py: 5 of 493 were
+    never told so, and waited more than 2 s)."""
+    async with connected(new_name()) as client:
+        await client.send_to(text_data=chat_request("r-claimed", [user_message("hello")]))
+        await claim_by_hand("r-claimed", start=False)
+        frames = await receive_until(client, queued("r-claimed"), timeout=5)
+    assert frames[-1] == {"type": p.CHAT_QUEUED, "id": "r-claimed", "reason": "workers"}
