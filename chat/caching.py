@@ -2,8 +2,8 @@
 
 Django keeps a cache instance per thread and per async context, and every WebSocket consumer runs in a
 context of its own: through `django.core.cache.cache`, each socket built a Redis client with a connection
-pool of its own, and opened a Redis connection for its first count (its socket slot, its presence), about
-a sixth of the web process's Python time per turn under a burst (issue 37). The backends known to be safe
+pool of its own, and opened a Redis connection for its first count (its socket slot, its presence): about
+6% of the web process's Python time in a burst of short turns (issue 37). The backends known to be safe
 across threads (Django's Redis backend, whose pool is thread-safe, and the local-memory one, which locks)
 are shared by the whole process here; any other keeps Django's per-context instance.
 """
