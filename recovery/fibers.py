@@ -206,13 +206,6 @@ def conversation_busy(conversation_id: int) -> bool:
     return Fiber.objects.filter(conversation_id=conversation_id).active().exists()
 
 
-def fiber_waiting(fiber_id: Any) -> bool:
-    """The fiber's turn has not started: no worker has claimed it yet, or the one that did has not opened
-    its stream (a worker whose loop is too busy to begin it: a burst of turns)."""
-    not_started = Q(status=Fiber.Status.PENDING) | Q(status=Fiber.Status.RUNNING, streams__isnull=True)
-    return Fiber.objects.filter(not_started, pk=fiber_id).exists()
-
-
 def fibers_fence_out(*, conversation_id: int) -> int:
     """Cancel every active fiber of a conversation and fence out their workers (used by clear)."""
     return (

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 
 from chat.checks import check_think_settings
 from chat.models import Conversation
+from chat.wire import broadcast
 from chat.wire import protocol as p
 from recovery.models import Fiber, Stream
 from tests.chat.sockets import Frame, connected, new_name, receive_until
@@ -79,7 +80,7 @@ async def claim_by_hand(request_id: str, *, start: bool = True) -> None:
         await asyncio.sleep(0.02)
     else:
         raise AssertionError(f"no fiber for {request_id}")
-    if start:
+    if start:  # what a worker does once it has begun: the stream opened, and the event that says so
         fiber = await database_sync_to_async(running.get)()
         await database_sync_to_async(Stream.objects.create)(
             conversation_id=fiber.conversation_id,
@@ -87,6 +88,7 @@ async def claim_by_hand(request_id: str, *, start: bool = True) -> None:
             request_id=request_id,
             message_id="a-" + request_id,
         )
+        await broadcast.publish_stream_started(fiber.conversation_id, request_id)
 
 
 async def test_a_turn_no_worker_takes_is_reported_waiting_for_a_worker(quiet_broker: Any) -> None:
@@ -218,8 +220,8 @@ async def test_a_turn_a_worker_claimed_but_has_not_begun_is_reported_waiting_for
     quiet_broker: Any,
 ) -> None:
     """Under a burst a worker takes turns faster than its loop can begin them: claimed, its stream not
-    open yet when the notice is due, the turn still waits for a worker (bench/overload.py: 5 of 493 were
-    never told so, and waited more than 2 s)."""
+    open yet (no think.stream_started) when the notice is due, the turn still waits for a worker
+    (bench/overload.py: 5 of 493 were never told so, and waited more than 2 s)."""
     async with connected(new_name()) as client:
         await client.send_to(text_data=chat_request("r-claimed", [user_message("hello")]))
         await claim_by_hand("r-claimed", start=False)
