@@ -157,11 +157,11 @@ def test_tabs_on_two_web_processes_see_one_exact_answer_across_a_worker_kill(
         name = new_name("two-webs")
         first = new_tab(context, stack.port, AGENT, name)
         second = new_tab(context, other_port, AGENT, name)
-        send(first, "count to 200 [rate 40]")
-        wait_text(second, " 40 ")  # live on the other web process
+        send(first, "count to 120 [rate 40]")
+        wait_text(second, " 30 ")  # live on the other web process
         worker.kill(signal.SIGKILL)
         stack.start_worker()
-        expected = numbers(200)
+        expected = numbers(120)
         watch_one_answer_in([first, second], expected)
         transcript = finished(first, name)
         assert [m["role"] for m in transcript] == ["user", "assistant"]
