@@ -250,6 +250,7 @@ def turn_accept(
     policy: str = "queue",
     client_history: bool = False,
     address: str | None = None,
+    announce: Callable[[tuple[str, ...]], None] | None = None,
 ) -> AcceptedTurn:
     """Persist the client's new messages and create the turn's fiber; the worker is enqueued on commit.
 
@@ -257,7 +258,9 @@ def turn_accept(
     THINK["MAX_QUEUED_TURNS"] waiting turns), "latest" also cancels turns still waiting in the queue
     (their messages stay), "drop" refuses this one. A client adds user messages only, unless
     `client_history` (the agent's `accept_client_history`) lets it write any history. `address`, the
-    client's, counts an anonymous visitor's turns (chat.transcript.quotas).
+    client's, counts an anonymous visitor's turns (chat.transcript.quotas). `announce`, given the queued
+    turns this one replaced, runs on commit before the turn is sent (chat.wire.broadcast.
+    accept_announcer), for an accepted turn only.
     """
     with transaction.atomic():
         conversation = conversation_lock(conversation_id)
@@ -325,6 +328,8 @@ def turn_accept(
         )
         principal_turn_counted(conversation.owner)
         fiber_id = fiber.pk
+        if announce is not None:  # first: what other tabs are told must not come after the turn's stream
+            transaction.on_commit(functools.partial(announce, superseded))
         if ahead:
             transaction.on_commit(lambda: turn_enqueue(fiber_id=fiber_id, conversation_id=conversation_id))
         else:  # nothing else queued or running, under the lock: it runs next, no need to look again

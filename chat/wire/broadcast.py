@@ -95,20 +95,27 @@ async def publish(conversation_id: int, frame: str, *, exclude: list[str] | None
     await group_send(conversation_id, {"type": BROADCAST, "frame": frame, "exclude": exclude or []})
 
 
-async def announce_accepted(
-    conversation_id: int, superseded: tuple[str, ...], *, exclude: list[str] | None = None
-) -> None:
-    """After a turn was accepted: the senders of the turns it replaced stop waiting, and every client
-    of the conversation but `exclude` gets the transcript with the new messages. Read only when one
-    may hear it: most conversations have one socket, the sender's (a read per accept, issue 37)."""
+def accept_announcer(
+    conversation_id: int, *, exclude: list[str] | None = None
+) -> Callable[[tuple[str, ...]], None]:
+    """What an accepted turn announces itself with (`turn_accept(announce=...)`), run on commit in the
+    database thread, before the turn is sent to a worker: the senders of the turns it replaced stop
+    waiting, and every client of the conversation but `exclude` gets the transcript with the new
+    messages. Published after the send, a short answer could stream and end first, and this older copy
+    would then wipe it from the other tabs' screens (as `announcer` says of a tool answer). The
+    transcript is read only when someone may hear it: most conversations have one socket, the sender's
+    (a read per accept, issue 37)."""
     from ..transcript.window import transcript_frame
     from .protocol import response_frame
 
-    for request_id in superseded:
-        await publish(conversation_id, response_frame(request_id, done=True, outcome="skipped"))
-    if await _heard_by_others(conversation_id, exclude or []):
-        frame = await db(transcript_frame, conversation_id=conversation_id)
-        await publish(conversation_id, frame, exclude=exclude)
+    def announce(superseded: tuple[str, ...]) -> None:
+        for request_id in superseded:
+            publish_sync(conversation_id, response_frame(request_id, done=True, outcome="skipped"))
+        if async_to_sync(_heard_by_others)(conversation_id, exclude or []):
+            frame = transcript_frame(conversation_id=conversation_id)
+            publish_sync(conversation_id, frame, exclude=exclude)
+
+    return announce
 
 
 async def _heard_by_others(conversation_id: int, exclude: list[str]) -> bool:

@@ -43,7 +43,7 @@ from ..turn.branching import aswitch_branch
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
-from .broadcast import announce_accepted, announcer, group_name, release_parked
+from .broadcast import accept_announcer, announcer, group_name, release_parked
 from .limits import (
     SOCKET_RENEW_S,
     frame_bucket,
@@ -264,6 +264,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             policy=agent.message_concurrency,
             client_history=agent.accept_client_history,
             address=self._client_address(),
+            announce=accept_announcer(self.conversation_id, exclude=[self.channel_name]),
         )
         if accepted.duplicate:
             return
@@ -276,7 +277,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(await web_db(_transcript)(self.conversation_id))
             await self.send(p.response_frame(frame.id, done=True, outcome="skipped"))
             return
-        await announce_accepted(self.conversation_id, accepted.superseded, exclude=[self.channel_name])
         if accepted.ahead:  # it runs after the turns before it
             await self._tell_queued(p.chat_queued_frame(frame.id, p.QUEUED_BEHIND_TURNS, accepted.ahead))
         else:

@@ -48,7 +48,7 @@ from ..transcript.turns import turn_accept
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
-from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, announce_accepted, announcer, group_name
+from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, accept_announcer, announcer, group_name
 from .chain import ChainRead, Cursor, chain_read, rejoin_root
 from .limits import SOCKET_RENEW_S, replay_refusal, socket_slot_release, socket_slot_renew, socket_slot_take
 from .pool import web_db
@@ -178,6 +178,7 @@ async def _accept(door: _Door, conversation_id: int, chat: p.ChatRequest) -> str
         policy=policy.message_concurrency,
         client_history=policy.accept_client_history,
         address=door.address,
+        announce=accept_announcer(conversation_id),
     )
     if accepted.refused:
         extra = {"conversation_id": conversation_id}
@@ -185,8 +186,6 @@ async def _accept(door: _Door, conversation_id: int, chat: p.ChatRequest) -> str
         return _refused(429, f"Chat request refused: {accepted.refused}")
     if accepted.dropped:
         return _refused(409, "Chat request refused: the conversation is busy with another turn")
-    if not accepted.duplicate:
-        await announce_accepted(conversation_id, accepted.superseded)
     return chat.id
 
 

@@ -5,7 +5,7 @@ Redis, no polling: each web process holds one subscription connection and hands 
 consumers); `group_send_many` sends many groups' messages in one pipelined round trip, which is what
 the worker's flusher does with every turn's frames of a tick (`chat.wire.broadcast.publish_frames_many`);
 `group_has_others` tells whether anyone but the sender would hear a message, so that the web process
-reads a transcript for other tabs only when there are some (`chat.wire.broadcast.announce_accepted`).
+reads a transcript for other tabs only when there are some (`chat.wire.broadcast.accept_announcer`).
 
 A message published while a web process is not subscribed (a Redis restart, a reconnect) is lost, as
 with any pub/sub; every frame carries its `seq`, and a consumer fills a gap, or a silence, from

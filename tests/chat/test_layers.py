@@ -92,3 +92,29 @@ async def _until(done: Any, timeout: float = 5) -> None:
     while not done():
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_other_tabs_hear_of_an_accepted_turn_before_a_worker_can_start_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The transcript an accept sends the other tabs is published before the turn goes to a worker: a
+    short answer published first would otherwise be wiped from their screens by this older copy (seen
+    in tests/e2e/test_react_hook.py::test_two_tabs_follow_one_conversation under load)."""
+    import chat.transcript.turns
+
+    order: list[str] = []
+    publish = broadcast.publish_sync
+
+    def published(conversation_id: int, frame: str, **kwargs: Any) -> None:
+        order.append("transcript" if '"cf_agent_chat_messages"' in frame else "other")
+        publish(conversation_id, frame, **kwargs)
+
+    monkeypatch.setattr(broadcast, "publish_sync", published)
+    monkeypatch.setattr(chat.transcript.turns, "turn_send", lambda fiber_id: order.append("sent"))
+    name = new_name("order")
+    async with connected(name) as sender, connected(name) as other:
+        await sender.send_to(text_data=chat_request("r-order", [user_message("one")]))
+        await receive_until(other, lambda f: f["type"] == "cf_agent_chat_messages")
+        await _until(lambda: "sent" in order)
+    assert order == ["transcript", "sent"]
