@@ -10,9 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -472,3 +473,35 @@ def http_get(
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+
+
+@contextlib.contextmanager
+def row_locked_elsewhere(model: Any, pk: Any) -> Iterator[None]:
+    """Hold `SELECT ... FOR UPDATE` on one row from another thread (its own DB connection)."""
+    from django.db import connection, transaction
+
+    locked, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                model.objects.select_for_update().get(pk=pk)
+                locked.set()
+                release.wait(15)
+        except BaseException as exc:  # reported to the test thread
+            errors.append(exc)
+            locked.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold, name="row-lock-holder")
+    thread.start()
+    try:
+        assert locked.wait(15), "the other connection never took the lock"
+        assert not errors, errors
+        yield
+    finally:
+        release.set()
+        thread.join(15)
+    assert not thread.is_alive()

@@ -20,6 +20,7 @@ from ..models import Conversation, Message, Submission
 from .completions import Ending, completion_record
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 from .quotas import ADD_TOKENS
+from .selectors import json_column
 from .snapshot import FiberSnapshot
 from .submissions import submission_turn_finished, submissions_drain
 from .turns import turn_send, turn_start_followup
@@ -125,7 +126,7 @@ def turn_finish(
         if outcome.foreign_updates:
             foreign_updates_apply(conversation_id=conversation_id, updates=outcome.foreign_updates)
         terminal = {"requestId": request_id, "body": outcome.terminal} if outcome.terminal else None
-        if _json(tool_updates) or continue_armed:  # answers arrived meanwhile: apply them (ORM)
+        if json_column(tool_updates) or continue_armed:  # answers arrived meanwhile: apply them (ORM)
             conversation = Conversation.objects.get(pk=conversation_id)
             interactions_settle(conversation)
             conversation.last_terminal = terminal
@@ -199,8 +200,3 @@ def interactions_settle(conversation: Conversation) -> None:
     if leaf is not None and continuation_due(conversation, leaf):
         conversation.continue_armed = ""
         turn_start_followup(conversation=conversation, require_idle=False)
-
-
-def _json(value: Any) -> Any:
-    """A jsonb column read with a plain cursor (Django leaves its decoding to the model field)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value

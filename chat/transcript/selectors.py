@@ -90,16 +90,16 @@ def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, 
 
 def _ui_message(message_id: str, role: str, parts: Any, metadata: Any) -> dict[str, Any]:
     """A message row as its UIMessage (as Message.as_ui_message does)."""
-    message: dict[str, Any] = {"id": message_id, "role": role, "parts": _json(parts)}
+    message: dict[str, Any] = {"id": message_id, "role": role, "parts": json_column(parts)}
     if metadata is not None:
-        decoded = _json(metadata)
+        decoded = json_column(metadata)
         if decoded is not None:
             message["metadata"] = decoded
     return message
 
 
-def _json(value: Any) -> Any:
-    """A jsonb column read with a plain cursor (Django leaves its decoding to the model field)."""
+def json_column(value: Any) -> Any:
+    """A json or jsonb column read with a plain cursor (Django leaves its decoding to the model field)."""
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
@@ -157,7 +157,7 @@ def connect_summary(*, conversation_id: int) -> ConnectSummary:
     if row is None:
         raise Conversation.DoesNotExist(f"no conversation {conversation_id}")
     recovering, active, pending, has_messages = row
-    return ConnectSummary(_json(recovering), active, pending, bool(has_messages))
+    return ConnectSummary(json_column(recovering), active, pending, bool(has_messages))
 
 
 def pending_turn_request_id(*, conversation_id: int) -> str | None:

@@ -60,14 +60,14 @@ def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
 
 
 def messages_append(
-    *, conversation_id: int, messages: list[dict[str, Any]], after: int | None = None
+    *, conversation_id: int, messages: list[dict[str, Any]], first: int | None = None
 ) -> None:
     """Append new UIMessages (ids the conversation does not have) in one insert, after the last one
-    (`after`: its position, -1 for none, when the caller read it under the same lock). Call with the
+    (`first`: the next position, when the caller read the last one under the same lock). Call with the
     conversation locked."""
     if not messages:
         return
-    first = _next_position(conversation_id) if after is None else after + 1
+    first = _next_position(conversation_id) if first is None else first
     Message.objects.bulk_create(
         Message(
             conversation_id=conversation_id,

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from celery import current_app
 from django.db import connection, transaction
@@ -39,7 +39,7 @@ from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
 from .files import Attachments, attachments_resolve, files_store, principal_file_refusal
 from .quotas import principal_refusal, principal_turn_counted
-from .selectors import _json, messages_list
+from .selectors import json_column, messages_list
 from .services import conversation_lock, message_upsert, messages_append
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
@@ -104,13 +104,13 @@ def _under_lock(conversation_id: int, request: ChatRequest) -> UnderLock:
         cursor.execute(sql, params)
         fibers, known, last = cursor.fetchone()
     existing, statuses = None, Counter[str]()
-    for pk, fiber_request, status in _json(fibers):
+    for pk, fiber_request, status in json_column(fibers):
         if fiber_request == request.id:
             existing = uuid.UUID(pk)
         else:
             statuses[status] += 1
     turns = Turns(existing, statuses[Fiber.Status.PENDING], statuses[Fiber.Status.RUNNING])
-    return UnderLock(turns, dict(_json(known)), last)
+    return UnderLock(turns, dict(json_column(known)), last)
 
 
 def turn_refusal(
@@ -392,7 +392,7 @@ def _reconcile(
     *,
     known: dict[str, int],
     edit: Edit | None,
-    last: int | None | Literal[False] = False,
+    last: int | None,
 ) -> list[dict[str, Any]]:
     """Merge the client's transcript into ours: the server is authoritative for messages it has.
 
@@ -400,8 +400,8 @@ def _reconcile(
     message: what follows the last incoming one we know is set aside as a branch (chat.transcript.
     branches). An edited user message sets itself and what followed it aside the same way, and the new
     version takes its place. `known`: the stored positions of the incoming ids (`_under_lock`), read
-    before anything was added; `edit`: `_edit_of` the request; `last`: the last stored position, when read
-    under the same lock (False: read it here). Returns the messages it appended.
+    before anything was added; `edit`: `_edit_of` the request; `last`: the last stored position (None:
+    no message), read under the same lock. Returns the messages it appended.
     """
     known = dict(known)
     moved = trigger == "regenerate-message" or edit is not None  # a tail set aside: positions changed
@@ -414,8 +414,8 @@ def _reconcile(
         tail_set_aside(conversation_id=conversation_id, after_position=edit[1] - 1)
         known.pop(edit[0]["id"], None)
     appended = _new_messages(incoming, known)
-    after = None if last is False or moved else (-1 if last is None else last)
-    messages_append(conversation_id=conversation_id, messages=appended, after=after)
+    first = None if moved else (0 if last is None else last + 1)  # None: read after the set-aside
+    messages_append(conversation_id=conversation_id, messages=appended, first=first)
     return appended
 
 

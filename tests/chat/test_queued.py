@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
-from django.db import connection, transaction
 
 from chat.checks import check_think_settings
 from chat.models import Conversation
@@ -25,7 +23,7 @@ from chat.wire import broadcast
 from chat.wire import protocol as p
 from recovery.models import Fiber, Stream
 from tests.chat.sockets import Frame, connected, new_name, receive_until
-from tests.support import chat_request, user_message
+from tests.support import chat_request, row_locked_elsewhere, user_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,22 +179,9 @@ async def test_an_accept_waiting_on_its_conversation_holds_no_other_accept(quiet
     consumer: an accept that waits (here on its conversation's row, locked elsewhere; under a burst, on
     Postgres) leaves the other conversations' accepts to go on."""
     name_a, name_b = new_name(), new_name()
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_lock() -> None:
-        try:
-            with transaction.atomic():
-                Conversation.objects.select_for_update().get(name=name_a)
-                locked.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
     async with connected(name_a) as a, connected(name_b) as b:
-        holder = threading.Thread(target=hold_lock)
-        holder.start()
-        try:
-            assert await asyncio.to_thread(locked.wait, 10)
+        conversation_a = await database_sync_to_async(Conversation.objects.get)(name=name_a)
+        with row_locked_elsewhere(Conversation, conversation_a.pk):
             await a.send_to(text_data=chat_request("r-held", [user_message("one")]))
             await asyncio.sleep(0.3)  # its accept is now waiting for the lock
             await b.send_to(text_data=chat_request("r-free", [user_message("two")]))
@@ -207,9 +192,6 @@ async def test_an_accept_waiting_on_its_conversation_holds_no_other_accept(quiet
             assert await database_sync_to_async(list)(stored) == ["r-free"], (
                 "the free one only, while A waits"
             )
-        finally:
-            release.set()
-            await asyncio.to_thread(holder.join, 10)
         await receive_until(a, waits_for_workers("r-held"), timeout=5)
     assert sorted(quiet_broker["turns"]) == sorted(
         await database_sync_to_async(list)(Fiber.objects.values_list("pk", flat=True))

@@ -13,11 +13,9 @@ LOCKED) or the engine's DB threads use `transaction=True`.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -87,6 +85,7 @@ from recovery.models import Incident as IncidentRow
 from recovery.runtime import db
 from recovery.stream import segment_append, stream_chunks, stream_open
 from tests.operator_support import terminate_new_backends
+from tests.support import row_locked_elsewhere
 
 T0 = 1_700_000_000_000  # an injected clock, far from the real one
 T = TypeVar("T")
@@ -288,36 +287,6 @@ def claim_without_waiting(claim_fn: Callable[[], T]) -> T:
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL lock_timeout = '3s'")
         return claim_fn()
-
-
-@contextmanager
-def row_locked_elsewhere(model: Any, pk: Any) -> Iterator[None]:
-    """Hold `SELECT ... FOR UPDATE` on one row from another thread (its own DB connection)."""
-    locked, release = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                model.objects.select_for_update().get(pk=pk)
-                locked.set()
-                release.wait(15)
-        except BaseException as exc:  # reported to the test thread
-            errors.append(exc)
-            locked.set()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=hold, name="row-lock-holder")
-    thread.start()
-    try:
-        assert locked.wait(15), "the other connection never took the lock"
-        assert not errors, errors
-        yield
-    finally:
-        release.set()
-        thread.join(15)
-    assert not thread.is_alive()
 
 
 # --------------------------------------------------------------------------------------------------------
