@@ -8,7 +8,9 @@ with SECRET_KEY. It is accepted (`token_principal`) while all of these hold:
   than its issue (`revoke_principal_tokens`: every token issued so far, a version bump);
 - for a ``"user:<pk>"`` principal, that user still exists and is active.
 
-The checks after the signature read the database, once per connect and per get-messages request.
+The checks after the signature are one database statement, once per connect and per get-messages
+request; it reads the user's row itself (its table's `is_active`, when the model has one), not through
+the user model's manager.
 Tokens of the first format (a bare principal, no id) cannot be revoked by id and are refused.
 """
 
@@ -18,11 +20,12 @@ import datetime
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core import signing
 from django.core.exceptions import ValidationError
-from django.db.models import Q
+from django.db import connection
 
 from .conf import think_setting
 from .exceptions import AccessDenied
@@ -79,17 +82,41 @@ def token_principal(token: str) -> str:
     """The principal a token stands for; AccessDenied when it is forged, malformed, expired or revoked,
     or names a user who no longer exists or is not active. Reads the database."""
     claims = token_claims(token, max_age=think_setting("TOKEN_MAX_AGE_S"))
-    revoked = TokenRevocation.objects.filter(
-        Q(token_id=claims.token_id)
-        | Q(token_id="", principal=claims.principal, not_before__gt=claims.issued_at)
-    )
-    if revoked.exists():
+    user_pk: Any = None
+    if claims.principal.startswith(USER_PREFIX):
+        try:
+            user_pk = get_user_model()._meta.pk.to_python(claims.principal.removeprefix(USER_PREFIX))
+        except ValidationError:  # not a primary key of this user model
+            raise AccessDenied("the access token's user is not active") from None
+    revoked, active = _token_state(claims, user_pk)
+    if revoked:
         raise AccessDenied("the access token has been revoked")
-    if claims.principal.startswith(USER_PREFIX) and not _user_active(
-        claims.principal.removeprefix(USER_PREFIX)
-    ):
+    if user_pk is not None and not active:
         raise AccessDenied("the access token's user is not active")
     return claims.principal
+
+
+def _token_state(claims: TokenClaims, user_pk: Any) -> tuple[bool, bool | None]:
+    """Whether the token is revoked, and whether its user (`user_pk`, None for another principal) exists
+    and is active (None when there is no such user): one statement per connect, not two ORM reads."""
+    user = get_user_model()._meta
+    active_field = next((f for f in user.concrete_fields if f.name == "is_active"), None)
+    quote = connection.ops.quote_name
+    active = quote(active_field.column) if active_field is not None else "TRUE"
+    sql = (
+        f"SELECT EXISTS (SELECT 1 FROM {quote(TokenRevocation._meta.db_table)}"
+        " WHERE token_id = %s OR (token_id = '' AND principal = %s AND not_before > %s)), "
+        + (
+            f"(SELECT {active} FROM {quote(user.db_table)} WHERE {quote(user.pk.column)} = %s)"
+            if user_pk is not None
+            else "NULL"
+        )
+    )
+    params: list[Any] = [claims.token_id, claims.principal, claims.issued_at]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, user_pk] if user_pk is not None else params)
+        revoked, active_value = cursor.fetchone()
+    return bool(revoked), active_value
 
 
 def revoke_token(token_or_id: str) -> TokenClaims | str:
@@ -118,12 +145,3 @@ def revoke_principal_tokens(principal: str, *, before: datetime.datetime | None 
         token_id="", principal=principal, defaults={"not_before": moment}
     )
     return moment
-
-
-def _user_active(pk: str) -> bool:
-    model = get_user_model()
-    try:
-        user = model._default_manager.filter(pk=pk).first()
-    except (ValueError, TypeError, ValidationError):  # not a primary key of this user model
-        return False
-    return user is not None and bool(getattr(user, "is_active", True))

@@ -16,7 +16,7 @@ cache, which must be shared by the web processes (Redis, as in the demo) for the
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -57,6 +57,18 @@ FROM (
     WHERE c.owner = %s
 ) t
 LEFT JOIN think_chat_principal_usage u ON u.principal = %s AND u.day = (now() AT TIME ZONE 'UTC')::date
+"""
+# A new conversation of a principal, unless it has `limit` already (counted up to the limit, not over
+# all it has), or unless another connection created it first: one statement, under the principal's lock.
+# The columns it leaves out are the model's nullable ones; the others get the model's defaults.
+_CREATE_WITHIN = """
+INSERT INTO {conversation}
+    (agent, name, owner, created_at, updated_at, progress, tool_updates, continue_armed)
+SELECT %(agent)s, %(name)s, %(owner)s, now(), now(), 0, '[]'::jsonb, ''
+WHERE (SELECT count(*) FROM (SELECT 1 FROM {conversation} WHERE owner = %(owner)s LIMIT %(limit)s) AS owned)
+    < %(limit)s
+ON CONFLICT (agent, name) DO NOTHING
+RETURNING id, created_at
 """
 ANONYMOUS_PREFIX = "session:"  # chat.access: the principal of an anonymous visitor's session
 
@@ -144,9 +156,24 @@ def conversation_get_or_create_within(
     with transaction.atomic():
         with connection.cursor() as cursor:  # two sockets of the principal creating at once take turns
             cursor.execute(_LOCK, [f"think-principal:{owner}"])
-        if conversation_get(agent=agent, name=name) is None:
-            if Conversation.objects.filter(owner=owner).count() >= limit:
-                raise ConversationLimit(
-                    f"you already have {limit} conversations; open one of them or delete some first"
-                )
-        return conversation_get_or_create(agent=agent, name=name, owner=owner)
+            cursor.execute(
+                _CREATE_WITHIN.format(conversation=Conversation._meta.db_table),
+                {"agent": agent, "name": name, "owner": owner, "limit": limit},
+            )
+            created = cursor.fetchone()
+        if created is not None:
+            return _created(agent=agent, name=name, owner=owner, pk=created[0], at=created[1])
+        existing = conversation_get(agent=agent, name=name)  # another connection created it meanwhile
+        if existing is not None:
+            return existing
+        raise ConversationLimit(
+            f"you already have {limit} conversations; open one of them or delete some first"
+        )
+
+
+def _created(*, agent: str, name: str, owner: str, pk: int, at: datetime) -> Conversation:
+    """The Conversation that _CREATE_WITHIN inserted, every other field at its default, as the ORM
+    would return it from a read."""
+    conversation = Conversation(pk=pk, agent=agent, name=name, owner=owner, created_at=at, updated_at=at)
+    conversation._state.adding, conversation._state.db = False, connection.alias
+    return conversation

@@ -16,9 +16,14 @@ from ..models import Compaction, Conversation, Message
 from .folding import MessageAccumulator, fold_bodies
 from .snapshot import TurnSnapshot
 
+# Read on every connect and every new conversation: raw, as the ORM's compile of a one-row lookup costs
+# about as much as the lookup (issue 37). A raw queryset still applies the fields' converters.
+_BY_NAME = "SELECT * FROM {conversation} WHERE agent = %s AND name = %s"
+
 
 def conversation_get(*, agent: str, name: str) -> Conversation | None:
-    return Conversation.objects.filter(agent=agent, name=name).first()
+    query = _BY_NAME.format(conversation=Conversation._meta.db_table)
+    return next(iter(Conversation.objects.raw(query, [agent, name])), None)
 
 
 _MESSAGES = (

@@ -39,8 +39,15 @@ def conversation_claim(*, conversation_id: int, owner: str) -> bool:
     return Conversation.objects.filter(pk=conversation_id, owner=owner).exists()
 
 
+_LOCKED = "SELECT * FROM {conversation} WHERE id = %s FOR UPDATE"
+
+
 def conversation_lock(conversation_id: int) -> Conversation:
-    return Conversation.objects.select_for_update().get(pk=conversation_id)
+    """The conversation, its row locked until the transaction ends (raw, as conversation_get)."""
+    query = _LOCKED.format(conversation=Conversation._meta.db_table)
+    for conversation in Conversation.objects.raw(query, [conversation_id]):
+        return conversation
+    raise Conversation.DoesNotExist(f"no conversation {conversation_id}")
 
 
 def _next_position(conversation_id: int) -> int:

@@ -140,6 +140,8 @@ def test_a_users_token_is_refused_once_the_user_is_inactive_or_gone() -> None:
         token_principal(token)
     with pytest.raises(AccessDenied, match="not active"):  # not a primary key at all
         token_principal(issue_token("user:not-a-number"))
+    with pytest.raises(AccessDenied, match="not active"):  # beyond an integer key's range: no such user
+        token_principal(issue_token("user:99999999999999999999"))
 
 
 def test_a_token_needs_a_principal() -> None:

@@ -19,6 +19,7 @@ from chat.access import conversation_open_as
 from chat.caching import shared_redis
 from chat.exceptions import ConversationLimit
 from chat.models import Conversation
+from chat.transcript import quotas
 from chat.wire import limits
 from chat.wire import protocol as p
 from chat.wire.limits import SOCKET_TTL_S, socket_slot_release, socket_slot_take
@@ -121,6 +122,23 @@ def test_a_new_conversation_beyond_the_bound_is_refused_and_no_row_is_made(setti
     assert not Conversation.objects.filter(name=names[2]).exists()
     assert conversation_open_as(agent="assistant", name=names[0], principal=principal).owner == principal
     conversation_open_as(agent="assistant", name=names[2], principal=someone())  # someone else's count
+
+
+@pytest.mark.django_db
+def test_a_conversation_created_within_the_bound_is_the_row_stored(settings: Any) -> None:
+    """The new conversation comes from one INSERT (chat.transcript.quotas): what it returns is what a
+    read returns, and a name another connection created first is that one, not a refusal."""
+    settings.THINK = think(PRINCIPAL_MAX_CONVERSATIONS=1)
+    principal, name = someone(), new_name("owned")
+    created = conversation_open_as(agent="assistant", name=name, principal=principal)
+    stored = Conversation.objects.get(pk=created.pk)
+    fields = [f.attname for f in Conversation._meta.concrete_fields]
+    assert [getattr(created, f) for f in fields] == [getattr(stored, f) for f in fields]
+    created.last_body = {"model": "m"}
+    created.save(update_fields=["last_body"])  # a model instance as any other: it saves in place
+    assert Conversation.objects.get(pk=created.pk).last_body == {"model": "m"}
+    with mock.patch.object(quotas, "conversation_get", side_effect=[None, stored]):  # the race
+        assert conversation_open_as(agent="assistant", name=name, principal=principal).pk == created.pk
 
 
 @pytest.mark.django_db
