@@ -16,7 +16,7 @@ cache, which must be shared by the web processes (Redis, as in the demo) for the
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -28,7 +28,7 @@ from ..conf import think_setting
 from ..exceptions import ConversationLimit
 from ..models import Conversation
 from .selectors import conversation_get
-from .services import conversation_get_or_create
+from .services import conversation_get_or_create, conversation_insert
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _COUNT_TURN = """
@@ -57,18 +57,6 @@ FROM (
     WHERE c.owner = %s
 ) t
 LEFT JOIN think_chat_principal_usage u ON u.principal = %s AND u.day = (now() AT TIME ZONE 'UTC')::date
-"""
-# A new conversation of a principal, unless it has `limit` already (counted up to the limit, not over
-# all it has), or unless another connection created it first: one statement, under the principal's lock.
-# The columns it leaves out are the model's nullable ones; the others get the model's defaults.
-_CREATE_WITHIN = """
-INSERT INTO {conversation}
-    (agent, name, owner, created_at, updated_at, progress, tool_updates, continue_armed)
-SELECT %(agent)s, %(name)s, %(owner)s, now(), now(), 0, '[]'::jsonb, ''
-WHERE (SELECT count(*) FROM (SELECT 1 FROM {conversation} WHERE owner = %(owner)s LIMIT %(limit)s) AS owned)
-    < %(limit)s
-ON CONFLICT (agent, name) DO NOTHING
-RETURNING id, created_at
 """
 ANONYMOUS_PREFIX = "session:"  # chat.access: the principal of an anonymous visitor's session
 
@@ -151,29 +139,18 @@ def conversation_get_or_create_within(
         return existing
     _address_conversation_counted(owner, address)
     limit = think_setting("PRINCIPAL_MAX_CONVERSATIONS")
-    if limit is None or not owner:
-        return conversation_get_or_create(agent=agent, name=name, owner=owner)
+    if limit is None or not owner:  # read just now: insert, and read again only if that lost a race
+        created = conversation_insert(agent=agent, name=name, owner=owner)
+        return created or conversation_get_or_create(agent=agent, name=name, owner=owner)
     with transaction.atomic():
         with connection.cursor() as cursor:  # two sockets of the principal creating at once take turns
             cursor.execute(_LOCK, [f"think-principal:{owner}"])
-            cursor.execute(
-                _CREATE_WITHIN.format(conversation=Conversation._meta.db_table),
-                {"agent": agent, "name": name, "owner": owner, "limit": limit},
-            )
-            created = cursor.fetchone()
+        created = conversation_insert(agent=agent, name=name, owner=owner, within=limit)
         if created is not None:
-            return _created(agent=agent, name=name, owner=owner, pk=created[0], at=created[1])
+            return created
         existing = conversation_get(agent=agent, name=name)  # another connection created it meanwhile
         if existing is not None:
             return existing
         raise ConversationLimit(
             f"you already have {limit} conversations; open one of them or delete some first"
         )
-
-
-def _created(*, agent: str, name: str, owner: str, pk: int, at: datetime) -> Conversation:
-    """The Conversation that _CREATE_WITHIN inserted, every other field at its default, as the ORM
-    would return it from a read."""
-    conversation = Conversation(pk=pk, agent=agent, name=name, owner=owner, created_at=at, updated_at=at)
-    conversation._state.adding, conversation._state.db = False, connection.alias
-    return conversation

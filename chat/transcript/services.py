@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -18,18 +18,55 @@ from recovery.fibers import fibers_fence_out
 from recovery.models import Fiber, Stream
 
 from ..models import Compaction, Conversation, Message
+from .selectors import conversation_get
 
 logger = logging.getLogger(__name__)
 
 
 def conversation_get_or_create(*, agent: str, name: str, owner: str = "") -> Conversation:
     """The conversation (agent, name); a new one belongs to `owner` (an existing one keeps its owner)."""
-    try:
-        conversation, _ = Conversation.objects.get_or_create(
-            agent=agent, name=name, defaults={"owner": owner}
-        )
-    except IntegrityError:  # two connections created it at once
-        conversation = Conversation.objects.get(agent=agent, name=name)
+    found = conversation_get(agent=agent, name=name)
+    if found is None:
+        found = conversation_insert(agent=agent, name=name, owner=owner)
+    # None again: another connection created it between the read and the insert.
+    return found or Conversation.objects.get(agent=agent, name=name)
+
+
+# One statement, raw: a new conversation was an ORM walk of four (issue 37). The columns it leaves out
+# are the model's nullable ones; the others get the model's defaults. With a bound, the owner's rows are
+# counted up to it, never over all they have.
+_INSERT = """
+INSERT INTO {conversation}
+    (agent, name, owner, created_at, updated_at, progress, tool_updates, continue_armed)
+SELECT %(agent)s, %(name)s, %(owner)s, now(), now(), 0, '[]'::jsonb, ''
+{within}
+ON CONFLICT (agent, name) DO NOTHING
+RETURNING id, created_at
+"""
+_WITHIN = """WHERE (
+    SELECT count(*) FROM (SELECT 1 FROM {conversation} WHERE owner = %(owner)s LIMIT %(within)s) AS owned
+) < %(within)s"""
+
+
+def conversation_insert(
+    *, agent: str, name: str, owner: str, within: int | None = None
+) -> Conversation | None:
+    """A new conversation (agent, name) of `owner`; None when it exists already, or when `owner` has
+    `within` conversations already (a caller that counts holds the owner's lock: chat.transcript.quotas)."""
+    table = Conversation._meta.db_table
+    query = _INSERT.format(
+        conversation=table, within=_WITHIN.format(conversation=table) if within is not None else ""
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(query, {"agent": agent, "name": name, "owner": owner, "within": within})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    # What a read would return: every other field is at its default.
+    conversation = Conversation(
+        pk=row[0], agent=agent, name=name, owner=owner, created_at=row[1], updated_at=row[1]
+    )
+    conversation._state.adding, conversation._state.db = False, connection.alias
     return conversation
 
 

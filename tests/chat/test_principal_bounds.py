@@ -19,7 +19,7 @@ from chat.access import conversation_open_as
 from chat.caching import shared_redis
 from chat.exceptions import ConversationLimit
 from chat.models import Conversation
-from chat.transcript import quotas
+from chat.transcript import quotas, services
 from chat.wire import limits
 from chat.wire import protocol as p
 from chat.wire.limits import SOCKET_TTL_S, socket_slot_release, socket_slot_take
@@ -139,6 +139,17 @@ def test_a_conversation_created_within_the_bound_is_the_row_stored(settings: Any
     assert Conversation.objects.get(pk=created.pk).last_body == {"model": "m"}
     with mock.patch.object(quotas, "conversation_get", side_effect=[None, stored]):  # the race
         assert conversation_open_as(agent="assistant", name=name, principal=principal).pk == created.pk
+
+
+@pytest.mark.django_db
+def test_a_conversation_another_connection_created_first_keeps_its_owner(settings: Any) -> None:
+    settings.THINK = think(PRINCIPAL_MAX_CONVERSATIONS=None)
+    first, name = someone(), new_name("owned")
+    created = conversation_open_as(agent="assistant", name=name, principal=first)
+    assert Conversation.objects.get(pk=created.pk).owner == first
+    with mock.patch.object(services, "conversation_get", return_value=None):  # it read before the insert
+        again = services.conversation_get_or_create(agent="assistant", name=name, owner=someone())
+    assert (again.pk, again.owner) == (created.pk, first)
 
 
 @pytest.mark.django_db
