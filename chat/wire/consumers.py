@@ -54,7 +54,6 @@ from .limits import (
 )
 from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from .pool import web_db
-from .presence import connection_join, connection_leave
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
 
 logger = logging.getLogger(__name__)
@@ -140,7 +139,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.group = group_name(conversation.pk)
         # Join before reading state, so nothing published after the read can be missed.
         await self.channel_layer.group_add(self.group, self.channel_name)
-        await connection_join(self.channel_name)
         await self._send_connect_frames()
 
     async def _take_slot(self, principal: str) -> bool:
@@ -202,7 +200,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self._release_slot()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
-            await connection_leave(self.channel_name)
 
     # -- client frames -----------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:

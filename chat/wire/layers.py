@@ -5,7 +5,8 @@ Redis, no polling: each web process holds one subscription connection and hands 
 consumers); `group_send_many` sends many groups' messages in one pipelined round trip, which is what
 the worker's flusher does with every turn's frames of a tick (`chat.wire.broadcast.publish_frames_many`);
 `group_has_others` tells whether anyone but the sender would hear a message, so that the web process
-reads a transcript for other tabs only when there are some (`chat.wire.broadcast.accept_announcer`).
+reads a transcript for other tabs only when there are some (`chat.wire.broadcast.accept_announcer`);
+`channel_is_open` whether a given connection is still open anywhere (`chat.wire.presence`).
 
 A message published while a web process is not subscribed (a Redis restart, a reconnect) is lost, as
 with any pub/sub; every frame carries its `seq`, and a consumer fills a gap, or a silence, from
@@ -45,8 +46,20 @@ class RedisFanoutLayer(RedisPubSubChannelLayer):
         here = layer.groups.get(channel, set())
         if here - set(exclude):
             return True
-        shard = layer._get_shard(channel)
-        async with shard._lock:
-            shard._ensure_redis()
-            [(_, subscribers)] = await shard._redis.pubsub_numsub(channel)
-        return int(subscribers) > (1 if here else 0)  # this process is one of them while it has any
+        return await _subscribers(layer, channel) > (1 if here else 0)  # this process is one while it has any
+
+    async def channel_is_open(self, channel: str) -> bool:
+        """Whether the consumer of `channel` (its channel name) runs now, in this process or another: its
+        channel is subscribed while it does, and not a moment after its process dies (one PUBSUB NUMSUB,
+        asked only when it is not this process's)."""
+        layer = self._get_layer()
+        return channel in layer.channels or await _subscribers(layer, channel) > 0
+
+
+async def _subscribers(layer: Any, channel: str) -> int:
+    """How many connections to Redis subscribe to `channel`, on its shard."""
+    shard = layer._get_shard(channel)
+    async with shard._lock:
+        shard._ensure_redis()
+        [(_, subscribers)] = await shard._redis.pubsub_numsub(channel)
+    return int(subscribers)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
+from unittest import mock
 
 import pytest
+import redis
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
 
 import chat.wire.resume
 from chat.models import Conversation, Message
 from chat.transcript.snapshot import TurnKind, TurnSnapshot
+from chat.wire import layers
 from chat.wire.resume import ack_replay, probe_answer
 from recovery.incidents import RECOVERING_FLAG_TTL_MS
 from recovery.models import Fiber, Segment, Stream
@@ -80,21 +87,37 @@ def continuation_stream(conversation: Conversation, owner: str) -> None:
 
 
 def test_a_continuation_is_owned_by_the_connection_that_answered_the_tool(conversation: Conversation) -> None:
-    from asgiref.sync import async_to_sync
-
-    from chat.wire.presence import connection_join, connection_leave
-
-    continuation_stream(conversation, owner="specific.owner!1")
-    async_to_sync(connection_join)("specific.owner!1")
+    """The owner's consumer runs in another web process: its channel is subscribed there."""
+    owner = f"specific.owner-{uuid.uuid4().hex}"
+    continuation_stream(conversation, owner=owner)
+    address = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"]
+    listener = redis.Redis.from_url(address).pubsub()
+    listener.subscribe(owner)
     try:
         other = probe_answer(conversation_id=conversation.pk, channel_name="specific.other!2")
         assert (other.kind, other.request_id) == ("continuation-owned", "c1")
-        mine = probe_answer(conversation_id=conversation.pk, channel_name="specific.owner!1")
+        mine = probe_answer(conversation_id=conversation.pk, channel_name=owner)
         assert mine.kind == "resuming"
+        listener.unsubscribe(owner)
+        while (listener.get_message(timeout=5) or {}).get("type") != "unsubscribe":
+            pass
     finally:
-        async_to_sync(connection_leave)("specific.owner!1")
+        listener.close()
     gone = probe_answer(conversation_id=conversation.pk, channel_name="specific.other!2")
     assert gone.kind == "resuming", "an owner that left no longer holds the continuation"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_owner_in_this_process_is_known_without_asking_redis(conversation: Conversation) -> None:
+    layer = get_channel_layer()
+    assert layer is not None
+    owner = await layer.new_channel()  # as a consumer of this process gets its channel
+    await sync_to_async(continuation_stream)(conversation, owner=owner)
+    with mock.patch.object(layers, "_subscribers", side_effect=AssertionError("asked Redis")):
+        answer = await sync_to_async(probe_answer)(
+            conversation_id=conversation.pk, channel_name="specific.x!1"
+        )
+    assert answer.kind == "continuation-owned"
 
 
 def approval_continuation(conversation: Conversation) -> tuple[dict[str, Any], Stream]:
