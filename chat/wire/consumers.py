@@ -51,6 +51,7 @@ from .limits import (
     socket_slot_release,
     socket_slot_renew,
     socket_slot_take,
+    socket_slots_counted,
 )
 from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from .pool import web_db
@@ -144,11 +145,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _take_slot(self, principal: str) -> bool:
         """A place among the principal's open sockets (and its address's, when anonymous), renewed while
         the socket is open; closed 4429 when there is none."""
-        slot: dict[str, Any] = {
-            "principal": principal,
-            "address": self._client_address(),
-            "socket": self.channel_name,
-        }
+        address = self._client_address()
+        if not socket_slots_counted(principal, address):  # no bound: no slot, and no hop to take one
+            return True
+        slot: dict[str, Any] = {"principal": principal, "address": address, "socket": self.channel_name}
         refused = await sync_to_async(socket_slot_take, thread_sensitive=False)(**slot)
         if refused:
             logger.warning("connection refused: %s", refused, extra=self._log_extra())

@@ -106,6 +106,12 @@ def _slot_keys(principal: str, address: str | None) -> list[tuple[str, str, int]
     return keys
 
 
+def socket_slots_counted(principal: str, address: str | None) -> bool:
+    """Whether a socket of `principal` from `address` takes a slot in any count (none when the bounds
+    are lifted: then there is nothing to take, renew or release)."""
+    return bool(_slot_keys(principal, address))
+
+
 def socket_slot_take(*, principal: str, address: str | None, socket: str) -> str:
     """Take the socket's slots; why it may not stay open ("" when it may, and then it holds its slots
     until socket_slot_release)."""

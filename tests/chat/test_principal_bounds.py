@@ -72,6 +72,19 @@ async def test_a_socket_beyond_the_principals_bound_is_closed_4429_and_one_closi
             pass
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_takes_no_slot_when_the_bounds_are_lifted(settings: Any) -> None:
+    settings.THINK = think(PRINCIPAL_MAX_SOCKETS=None)
+    with mock.patch("chat.wire.consumers.socket_slot_take", side_effect=AssertionError("a slot taken")):
+        async with sockets(someone(), 1):
+            pass
+    settings.THINK = think(PRINCIPAL_MAX_SOCKETS=2)
+    with mock.patch("chat.wire.consumers.socket_slot_take", return_value="") as take:
+        async with sockets(someone(), 1):
+            pass
+    assert take.call_count == 1, "bounded: the socket takes its slot"
+
+
 @pytest.mark.django_db
 def test_sockets_of_anonymous_visitors_are_also_counted_per_address(settings: Any) -> None:
     settings.THINK = think(ANONYMOUS_SOCKETS_PER_ADDRESS=2, PRINCIPAL_MAX_SOCKETS=5)
