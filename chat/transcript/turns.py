@@ -40,7 +40,7 @@ from .completions import Ending, completion_record, root_of
 from .files import Attachments, attachments_resolve, files_store, principal_file_refusal
 from .quotas import principal_refusal, principal_turn_counted
 from .selectors import json_column, messages_list
-from .services import conversation_lock, message_upsert, messages_append
+from .services import conversation_lock, conversation_request_save, message_upsert, messages_append
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
 
@@ -315,7 +315,11 @@ def turn_accept(
         if request.client_tools is not None:
             conversation.last_client_tools = request.client_tools
         conversation.last_terminal = None
-        conversation.save(update_fields=["last_body", "last_client_tools", "last_terminal", "updated_at"])
+        conversation_request_save(
+            conversation_id=conversation_id,
+            last_body=conversation.last_body,
+            last_client_tools=conversation.last_client_tools,  # the request's, else the last ones
+        )
         snapshot = turn_snapshot(
             conversation=conversation, request_id=request.id, continuation=False, appended=appended
         )

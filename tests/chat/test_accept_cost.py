@@ -132,3 +132,46 @@ def test_a_connect_reads_one_statement_then_the_window_only_when_there_is_a_tran
         state = connect_state(conversation_id=conversation.pk)
     assert len(queries.captured_queries) == 1
     assert (state.active_request_id, state.window) == ("r1", None)
+
+
+def test_an_accept_stores_the_request_as_the_orm_would(
+    sent: list[Any], django_capture_on_commit_callbacks: Any
+) -> None:
+    """The message insert and the conversation's update are raw statements: the JSON values round-trip
+    (nested, unicode, a metadata of null), the request's body replaces the last one, its client tools
+    are kept when the next request sends none, and the last terminal error is cleared."""
+    conversation = Conversation.objects.create(
+        agent="assistant", name="stored", last_terminal={"requestId": "r0", "body": "failed"}
+    )
+    tools = [{"name": "ask", "description": "ask the user", "parameters": {"type": "object"}}]
+    first = {**text("u1", "user"), "metadata": {"at": "ünïcode ✓", "n": [1, 2.5, None, True]}}
+    with django_capture_on_commit_callbacks(execute=True):
+        turn_accept(
+            conversation_id=conversation.pk,
+            request=ChatRequest("r1", [first], "submit-message", extra={"mode": "a"}, client_tools=tools),
+        )
+    Fiber.objects.filter(conversation=conversation).update(status=Fiber.Status.COMPLETED)
+    stored = Conversation.objects.get(pk=conversation.pk)
+    assert (stored.last_body, stored.last_client_tools, stored.last_terminal) == ({"mode": "a"}, tools, None)
+    assert stored.updated_at > conversation.updated_at
+    second = text("u2", "user")
+    with django_capture_on_commit_callbacks(execute=True):
+        turn_accept(
+            conversation_id=conversation.pk, request=ChatRequest("r2", [first, second], "submit-message")
+        )
+    stored = Conversation.objects.get(pk=conversation.pk)
+    assert (stored.last_body, stored.last_client_tools) == (None, tools), "no tools sent: the last kept"
+    rows = list(
+        stored.messages.order_by("position").values("message_id", "role", "parts", "metadata", "position")
+    )
+    assert rows == [
+        {
+            "message_id": "u1",
+            "role": "user",
+            "parts": first["parts"],
+            "metadata": first["metadata"],
+            "position": 0,
+        },
+        {"message_id": "u2", "role": "user", "parts": second["parts"], "metadata": None, "position": 1},
+    ]
+    assert stored.messages.filter(metadata__isnull=True).count() == 1, "a null metadata is SQL NULL"
