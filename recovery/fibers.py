@@ -294,15 +294,25 @@ def fiber_spend_add(
 ) -> bool:
     """Add one model step's spend to the running fiber, fenced; False when it is no longer ours. `cost`
     None (an unpriced model) leaves the cost as it is."""
-    spend: dict[str, Any] = {
-        "input_tokens": F("input_tokens") + input_tokens,
-        "output_tokens": F("output_tokens") + output_tokens,
-        "cached_tokens": F("cached_tokens") + cached_tokens,
+    cost_sql = ", cost = coalesce(cost, 0) + %(cost)s" if cost is not None else ""
+    params = {
+        "fiber": fiber_id,
+        "fencing": fencing,
+        "input": input_tokens,
+        "output": output_tokens,
+        "cached": cached_tokens,
+        "cost": cost,
     }
-    if cost is not None:
-        spend["cost"] = Coalesce(F("cost"), Value(0, output_field=Fiber._meta.get_field("cost"))) + cost
-    running = Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING)
-    return bool(running.update(**spend))
+    with connection.cursor() as cursor:  # raw: once per model step of every turn (issue 37)
+        cursor.execute(_SPEND_ADD.format(fiber=Fiber._meta.db_table, cost=cost_sql), params)
+        return cursor.rowcount > 0
+
+
+_SPEND_ADD = """
+UPDATE {fiber} SET input_tokens = input_tokens + %(input)s, output_tokens = output_tokens + %(output)s,
+    cached_tokens = cached_tokens + %(cached)s{cost}
+WHERE id = %(fiber)s AND fencing = %(fencing)s AND status = 'running'
+"""
 
 
 def fiber_interrupted(fiber_id: Any) -> bool:
