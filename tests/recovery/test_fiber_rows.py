@@ -1,4 +1,4 @@
-"""recovery.fibers.fiber_spend_add: one step's spend on the running fiber, fenced (a raw statement)."""
+"""The fiber rows written on every turn by raw statements: `fiber_create` and `fiber_spend_add`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from recovery.fibers import fiber_spend_add
+from recovery.fibers import fiber_create, fiber_spend_add
 from recovery.models import Fiber
 from tests.recovery.test_engine_store import make_conversation, make_fiber
 
@@ -32,3 +32,18 @@ def test_a_steps_spend_adds_up_on_the_running_fiber_and_nowhere_else() -> None:
         pk=fiber.pk
     )
     assert after == spent
+
+
+def test_a_created_fiber_is_the_row_the_orm_would_have_stored() -> None:
+    conversation = make_conversation()
+    snapshot = {"v": 1, "turn": {"requestId": "r1", "text": "ünïcode ✓"}}
+    created = fiber_create(conversation_id=conversation.pk, request_id="r1", kind="chat", snapshot=snapshot)
+    stored = Fiber.objects.get(pk=created.pk)
+    fields = [f.attname for f in Fiber._meta.concrete_fields]
+    assert [getattr(created, f) for f in fields] == [getattr(stored, f) for f in fields]
+    assert (stored.status, stored.fencing, stored.snapshot) == (Fiber.Status.PENDING, 0, snapshot)
+    created.error = "saved in place"
+    created.save(update_fields=["error"])  # a model instance as any other
+    assert Fiber.objects.get(pk=created.pk).error == "saved in place"
+    other = fiber_create(conversation_id=conversation.pk, request_id="r2", kind="chat", snapshot=None)
+    assert other.pk != created.pk and Fiber.objects.get(pk=other.pk).snapshot is None
