@@ -24,6 +24,9 @@ uvicorn (`--ws websockets`), to compare what the server itself costs under the s
 PATH.<level>.txt; with BENCH_PROFILE_GIL=1, only the thread holding the GIL: where its Python CPU goes,
 not its waits on Postgres) and prints where its time went (bench/profile_summary.py).
 
+Each level also prints the p99 latency of the numbers by the second of the run they were sent in: the
+first seconds are those of the turns' starts.
+
 `--wire` names the clients: `ws` (the cf_agent WebSocket, the default) or `http` (the AI SDK's HTTP
 chat wire: one POST per turn, its answer an SSE response, read line by line as useChat's transport
 reads it). Given both, each level runs once with each, in the same sitting.
@@ -56,6 +59,7 @@ class Run:
     completed: int = 0
     delivered: int = 0  # numbers that reached the clients
     latencies: list[float] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)  # each number's send time, as latencies
     elapsed: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # seconds per part
     worker_rss_peak: int = 0
@@ -83,6 +87,7 @@ def count(chunk: dict[str, Any], now: float, run: Run) -> None:
         sent = stamps(chunk.get("delta", ""))
         run.delivered += len(sent)
         run.latencies.extend(now - t for t in sent)
+        run.sent_at.extend(sent)
 
 
 async def one_turn(port: int, numbers: int, rate: float, run: Run, http: Any = None) -> bool:
@@ -239,6 +244,21 @@ def report(label: str, run: Run, bare: Run | None, idle_rss: int) -> None:
     if bare is not None:
         line += f" = {run.pipeline_us / max(bare.per_number_us('client'), 1e-9):.1f}x a bare read"
     print(f"{line}; worker memory {memory:.2f} MB per turn above idle", flush=True)
+    if run.sent_at:
+        print(f"  {by_send_time(run)}", flush=True)
+
+
+def by_send_time(run: Run) -> str:
+    """p99 latency of the numbers by the second of the run they were sent in: the first seconds are those
+    of the turns' starts."""
+    start = min(run.sent_at)
+    seconds: dict[int, list[float]] = {}
+    for at, latency in zip(run.sent_at, run.latencies, strict=True):
+        seconds.setdefault(min(int(at - start), 5), []).append(latency)
+    return "p99 by second sent: " + ", ".join(
+        f"{'5+' if second == 5 else second} s {percentile(values, 99) * 1000:.0f} ms (n {len(values)})"
+        for second, values in sorted(seconds.items())
+    )
 
 
 async def main(args: argparse.Namespace) -> None:

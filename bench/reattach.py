@@ -7,12 +7,13 @@ provider no longer has the response (`[forget]` in the prompt: the rejoin is a 4
 to "continue": a new generation asked to continue the partial answer.
 
 Each round starts a turn "count to N [rate R]" on a fresh conversation, SIGKILLs the only worker once K
-chunks reached the client, starts a new worker at once and follows the conversation to the end. Mode
-"reattach" sends the prompt as is, mode "continue" adds `[forget]`. The scripted model runs in this
-process (ScriptedModelServer), so its counters give, per recovered turn, the generations started and
-the output tokens generated (the answer itself is N tokens). Per mode it prints those, their ratio to N,
-the recovery time (SIGKILL -> first chunk of the stream that finished the turn), and how many rounds
-ended with a text (the client's or the stored one) other than exactly `1 .. N`. It asserts nothing.
+numbers reached the client (a frame carries several), starts a new worker at once and follows the
+conversation to the end. Mode "reattach" sends the prompt as is, mode "continue" adds `[forget]`. The
+scripted model runs in this process (ScriptedModelServer), so its counters give, per recovered turn, the
+generations started and the output tokens generated (the answer itself is N tokens). Per mode it prints
+those, their ratio to N, the recovery time (SIGKILL -> first chunk of the stream that finished the
+turn), and how many rounds ended with a text (the client's or the stored one) other than exactly `1 ..
+N`. It asserts nothing.
 
 The stack (daphne, beat, one threads-pool worker, DJANGO_SETTINGS_MODULE=tests.settings) runs on a
 redis-server of its own and its own database (thinkproject_reattach), as bench/soak.py does.
@@ -118,9 +119,12 @@ async def one_round(stack: Stack, server: Any, mode: str, args: argparse.Namespa
         request_id = uuid.uuid4().hex[:10]
         await client.send(chat_request(request_id, [user_message(prompt)]))
         await follow(
-            client, seen, lambda s: len(s.log.stream(request_id).chunks) >= args.kill_after, deadline
+            client,
+            seen,
+            lambda s: s.numbers() >= args.kill_after,
+            deadline,  # frames carry several
         )
-        result.seen_at_kill = seen.chunks()
+        result.seen_at_kill = seen.numbers()
         stack.worker.kill(signal.SIGKILL)
         killed_at = time.monotonic()
         replacement = asyncio.create_task(asyncio.to_thread(stack.new_worker))
@@ -166,7 +170,7 @@ def report(rounds: list[Round], count: int) -> None:
         mismatches = sum(bool(r.mismatch) for r in done)
         print(f"mode {mode}:")
         killed_at = statistics.fmean(r.seen_at_kill for r in done)
-        print(f"  rounds: {len(done)} (worker SIGKILLed after {killed_at:.0f} chunks on average)")
+        print(f"  rounds: {len(done)} (worker SIGKILLed after {killed_at:.0f} numbers on average)")
         print(f"  generations started per recovered turn: {generations:.2f}")
         print(
             f"  output tokens generated per recovered turn: {per_turn[mode]:.1f}"
@@ -217,7 +221,7 @@ async def main(args: argparse.Namespace) -> None:
                 tokens = "+".join(str(t) for t in result.tokens.values())
                 status = "; ".join(result.mismatch) or "text ok"
                 progress(
-                    f"{mode} round {n}/{args.rounds}: killed after {result.seen_at_kill} chunks{took}, "
+                    f"{mode} round {n}/{args.rounds}: killed after {result.seen_at_kill} numbers{took}, "
                     f"{result.generations} generation(s), {tokens} tokens: {status}"
                 )
     finally:
@@ -238,7 +242,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5, help="rounds per mode")
     parser.add_argument("--count", type=int, default=200, help="N: the turn is 'count to N'")
     parser.add_argument("--rate", type=float, default=50, help="tokens/s of the scripted model")
-    parser.add_argument("--kill-after", type=int, default=60, help="K: chunks at the client before SIGKILL")
+    parser.add_argument("--kill-after", type=int, default=60, help="K: numbers at the client before SIGKILL")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds a turn may take to finish")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     arguments = parser.parse_args()
