@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -54,7 +55,10 @@ async def redis_rate(seconds: float) -> float:
         await layer.group_send(group, {"type": "think.frames", "request_id": "r", "frames": frames})
         sent += 1
     reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader  # its unsubscribe runs now, not as a task the loop's end cancels
     await layer.group_discard(group, channel)
+    await layer.flush()  # the layer's connections close before the loop does
     return sent / seconds
 
 
