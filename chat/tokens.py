@@ -17,6 +17,7 @@ Tokens of the first format (a bare principal, no id) cannot be revoked by id and
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -99,24 +100,28 @@ def token_principal(token: str) -> str:
 def _token_state(claims: TokenClaims, user_pk: Any) -> tuple[bool, bool | None]:
     """Whether the token is revoked, and whether its user (`user_pk`, None for another principal) exists
     and is active (None when there is no such user): one statement per connect, not two ORM reads."""
-    user = get_user_model()._meta
-    active_field = next((f for f in user.concrete_fields if f.name == "is_active"), None)
-    quote = connection.ops.quote_name
-    active = quote(active_field.column) if active_field is not None else "TRUE"
-    sql = (
-        f"SELECT EXISTS (SELECT 1 FROM {quote(TokenRevocation._meta.db_table)}"
-        " WHERE token_id = %s OR (token_id = '' AND principal = %s AND not_before > %s)), "
-        + (
-            f"(SELECT {active} FROM {quote(user.db_table)} WHERE {quote(user.pk.column)} = %s)"
-            if user_pk is not None
-            else "NULL"
-        )
-    )
     params: list[Any] = [claims.token_id, claims.principal, claims.issued_at]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, user_pk] if user_pk is not None else params)
-        revoked, active_value = cursor.fetchone()
-    return bool(revoked), active_value
+        if user_pk is None:
+            cursor.execute(_token_sql(with_user=False), params)
+        else:
+            cursor.execute(_token_sql(with_user=True), [*params, user_pk])
+        revoked, active = cursor.fetchone()
+    return bool(revoked), active
+
+
+@functools.cache
+def _token_sql(*, with_user: bool) -> str:
+    quote = connection.ops.quote_name
+    user = get_user_model()._meta
+    active_field = next((f for f in user.concrete_fields if f.name == "is_active"), None)
+    active = quote(active_field.column) if active_field is not None else "TRUE"
+    user_sql = f"(SELECT {active} FROM {quote(user.db_table)} WHERE {quote(user.pk.column)} = %s)"
+    return (
+        f"SELECT EXISTS (SELECT 1 FROM {quote(TokenRevocation._meta.db_table)}"
+        " WHERE token_id = %s OR (token_id = '' AND principal = %s AND not_before > %s)), "
+        + (user_sql if with_user else "NULL")
+    )
 
 
 def revoke_token(token_or_id: str) -> TokenClaims | str:

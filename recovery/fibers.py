@@ -7,7 +7,6 @@ second delivery of the task or a worker that wakes up after its lease moved on c
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from .conf import setting
 from .control import notify_cancel
 from .exceptions import LeaseLost
 from .models import Fiber, owner_model
+from .rows import row_insert
 
 logger = logging.getLogger(__name__)
 
@@ -60,26 +60,11 @@ def lease_ttl() -> timedelta:
 def fiber_create(
     *, conversation_id: int, request_id: str, kind: str, snapshot: dict[str, Any] | None
 ) -> Fiber:
-    """A new pending fiber. Inserted as `Fiber.objects.create` would (every field's default and
-    `pre_save`, every value prepared by its field), in a statement built once: the ORM's compile cost more
-    than the insert on every accepted turn (issue 37)."""
+    """A new pending fiber, inserted as `Fiber.objects.create` would (recovery.rows: on every accepted
+    turn the ORM's compile cost more than the insert, issue 37)."""
     fiber = Fiber(conversation_id=conversation_id, request_id=request_id, kind=kind, snapshot=snapshot)
-    fields = Fiber._meta.concrete_fields
-    values = [field.get_db_prep_save(field.pre_save(fiber, True), connection) for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(), values)
-    fiber._state.adding, fiber._state.db = False, connection.alias
+    row_insert(fiber)
     return fiber
-
-
-@functools.cache
-def _insert_sql() -> str:
-    quote = connection.ops.quote_name
-    columns = [quote(field.column) for field in Fiber._meta.concrete_fields]
-    return (
-        f"INSERT INTO {quote(Fiber._meta.db_table)} ({', '.join(columns)})"
-        f" VALUES ({', '.join(['%s'] * len(columns))})"
-    )
 
 
 _CLAIM_LOCK = """

@@ -58,6 +58,8 @@ FROM (
 ) t
 LEFT JOIN think_chat_principal_usage u ON u.principal = %s AND u.day = (now() AT TIME ZONE 'UTC')::date
 """
+# The principal's conversations, counted up to the bound only (never over all they have).
+_OWNED = "SELECT count(*) FROM (SELECT 1 FROM think_chat_conversation WHERE owner = %s LIMIT %s) AS owned"
 ANONYMOUS_PREFIX = "session:"  # chat.access: the principal of an anonymous visitor's session
 
 
@@ -145,12 +147,13 @@ def conversation_get_or_create_within(
     with transaction.atomic():
         with connection.cursor() as cursor:  # two sockets of the principal creating at once take turns
             cursor.execute(_LOCK, [f"think-principal:{owner}"])
-        created = conversation_insert(agent=agent, name=name, owner=owner, within=limit)
-        if created is not None:
-            return created
-        existing = conversation_get(agent=agent, name=name)  # another connection created it meanwhile
-        if existing is not None:
-            return existing
-        raise ConversationLimit(
-            f"you already have {limit} conversations; open one of them or delete some first"
-        )
+            cursor.execute(_OWNED, [owner, limit])
+            (owned,) = cursor.fetchone()
+        created = conversation_insert(agent=agent, name=name, owner=owner) if owned < limit else None
+        # None: over the bound, or another connection created it meanwhile (then it is that one).
+        existing = created or conversation_get(agent=agent, name=name)
+        if existing is None:
+            raise ConversationLimit(
+                f"you already have {limit} conversations; open one of them or delete some first"
+            )
+        return existing

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
 from recovery.exceptions import LeaseLost
 from recovery.fibers import fibers_fence_out
 from recovery.models import Fiber, Stream
+from recovery.rows import prepared, row_insert
 
 from ..models import Compaction, Conversation, Message
 from .selectors import conversation_get
@@ -32,42 +33,12 @@ def conversation_get_or_create(*, agent: str, name: str, owner: str = "") -> Con
     return found or Conversation.objects.get(agent=agent, name=name)
 
 
-# One statement, raw: a new conversation was an ORM walk of four (issue 37). The columns it leaves out
-# are the model's nullable ones; the others get the model's defaults. With a bound, the owner's rows are
-# counted up to it, never over all they have.
-_INSERT = """
-INSERT INTO {conversation}
-    (agent, name, owner, created_at, updated_at, progress, tool_updates, continue_armed)
-SELECT %(agent)s, %(name)s, %(owner)s, now(), now(), 0, '[]'::jsonb, ''
-{within}
-ON CONFLICT (agent, name) DO NOTHING
-RETURNING id, created_at
-"""
-_WITHIN = """WHERE (
-    SELECT count(*) FROM (SELECT 1 FROM {conversation} WHERE owner = %(owner)s LIMIT %(within)s) AS owned
-) < %(within)s"""
-
-
-def conversation_insert(
-    *, agent: str, name: str, owner: str, within: int | None = None
-) -> Conversation | None:
-    """A new conversation (agent, name) of `owner`; None when it exists already, or when `owner` has
-    `within` conversations already (a caller that counts holds the owner's lock: chat.transcript.quotas)."""
-    table = Conversation._meta.db_table
-    query = _INSERT.format(
-        conversation=table, within=_WITHIN.format(conversation=table) if within is not None else ""
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(query, {"agent": agent, "name": name, "owner": owner, "within": within})
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    # What a read would return: every other field is at its default.
-    conversation = Conversation(
-        pk=row[0], agent=agent, name=name, owner=owner, created_at=row[1], updated_at=row[1]
-    )
-    conversation._state.adding, conversation._state.db = False, connection.alias
-    return conversation
+def conversation_insert(*, agent: str, name: str, owner: str) -> Conversation | None:
+    """A new conversation (agent, name) of `owner`, in one statement (recovery.rows: the ORM's
+    get_or_create was four, issue 37); None when it exists already."""
+    conversation = Conversation(agent=agent, name=name, owner=owner)
+    created = row_insert(conversation, conflict="ON CONFLICT (agent, name) DO NOTHING")
+    return conversation if created else None
 
 
 def conversation_claim(*, conversation_id: int, owner: str) -> bool:
@@ -120,19 +91,12 @@ def messages_append(
             conversation_id,
             message["id"],
             message["role"],
-            _prepared(Message, "parts", message.get("parts", [])),
-            _prepared(Message, "metadata", message.get("metadata")),
+            prepared(Message, "parts", message.get("parts", [])),
+            prepared(Message, "metadata", message.get("metadata")),
             first + offset,
         ]
     with connection.cursor() as cursor:
         cursor.execute(_APPEND.format(message=Message._meta.db_table, rows=", ".join(rows)), params)
-
-
-def _prepared(model: type[models.Model], name: str, value: Any) -> Any:
-    """`value` as the ORM would send it for the field `name` of `model` (a JSON value adapted, say)."""
-    field = model._meta.get_field(name)
-    assert isinstance(field, models.Field)
-    return field.get_db_prep_save(value, connection)
 
 
 _APPEND = (
@@ -145,8 +109,8 @@ def conversation_request_save(*, conversation_id: int, last_body: Any, last_clie
     """What an accepted request leaves on its conversation for the turn and its continuations (Think's
     lastBody and lastClientTools), its last terminal error cleared. One raw statement; call with the
     conversation locked."""
-    body = _prepared(Conversation, "last_body", last_body)
-    tools = _prepared(Conversation, "last_client_tools", last_client_tools)
+    body = prepared(Conversation, "last_body", last_body)
+    tools = prepared(Conversation, "last_client_tools", last_client_tools)
     query = _REQUEST_SAVE.format(conversation=Conversation._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(query, [body, tools, conversation_id])
