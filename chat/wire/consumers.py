@@ -17,6 +17,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from recovery.fibers import conversation_busy
@@ -90,6 +91,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        """Channels' without its `aclose_old_connections` after `disconnect`: a hop to the process's one
+        sync thread per closed socket, to check connections that thread does not hold here (every
+        database call of this consumer runs on chat.wire.pool, which checks its own)."""
+        for group in self.groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def connect(self) -> None:
         kwargs = self.scope["url_route"]["kwargs"]

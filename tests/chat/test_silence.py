@@ -171,3 +171,31 @@ async def test_live_frames_reach_the_socket_without_a_thread_hop(monkeypatch: py
         monkeypatch.undo()
     assert seqs(frames) == list(range(20))
     assert hops == [], f"{len(hops)} thread hops for 20 events"
+
+
+async def test_a_closed_socket_ends_without_a_hop_to_the_sync_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Channels' websocket_disconnect ends with `aclose_old_connections`, a hop to the process's one sync
+    thread per closed socket; the consumer's own runs its `disconnect` (the group left, the slot given
+    back) and nothing else."""
+    import channels.generic.websocket as generic
+
+    from chat.wire.consumers import ChatConsumer
+
+    checks: list[str] = []
+    disconnects: list[int] = []
+
+    async def aclose_old_connections() -> None:
+        checks.append("sync thread")
+
+    real_disconnect = ChatConsumer.disconnect
+
+    async def disconnect(self: ChatConsumer, code: int) -> None:
+        disconnects.append(code)
+        await real_disconnect(self, code)
+
+    monkeypatch.setattr(generic, "aclose_old_connections", aclose_old_connections)
+    monkeypatch.setattr(ChatConsumer, "disconnect", disconnect)
+    async with connected(new_name("closed")):
+        pass
+    assert disconnects == [1000]
+    assert checks == []
