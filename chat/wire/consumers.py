@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
@@ -58,6 +58,9 @@ from .oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from .pool import web_db
 from .resume import ack_replay, connect_state, probe_answer, replay_page, stream_tail
 
+if TYPE_CHECKING:
+    from asgiref.typing import WebSocketDisconnectEvent
+
 logger = logging.getLogger(__name__)
 
 CLOSE_UNKNOWN_AGENT = 4404
@@ -92,7 +95,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
-    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+    async def websocket_disconnect(self, message: WebSocketDisconnectEvent) -> None:
         """Channels' without its `aclose_old_connections` after `disconnect`: a hop to the process's one
         sync thread per closed socket, to check connections that thread does not hold here (every
         database call of this consumer runs on chat.wire.pool, which checks its own)."""
