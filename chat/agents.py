@@ -1,373 +1,56 @@
-"""The agent API: the Think base class and the registry of agents by name.
+"""The agent API a site's agents are written against: `Think` and what its options and hooks take.
 
-`Think` is configured the way a ModelAdmin is: a plain class attribute for the simple case, with a
-`get_*()` method behind it for the dynamic one, and every other extension point a method (a hook).
-Mistakes in a registered agent's configuration are reported by `manage.py check` (`Think.check()`).
-Code that works with a conversation from outside its turns uses the handle `open_agent()` returns
-(`chat.handle.AgentHandle`).
+The names live where they run (the agent class in chat.turn.agent, the registry in chat.turn.registry);
+this module gathers them so that `from chat.agents import Think, tool` keeps working. chat.api is the
+whole public face: this and the handle.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import re
-from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from django.core.checks import CheckMessage
-from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
-
 from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
-from recovery.fibers import fiber_stash
-from recovery.incidents import ChatRecovery, ExhaustedContext, ProgressContext, resolve_chat_recovery
+from recovery.incidents import ChatRecovery
 from recovery.runtime import db
 
-from .conf import default_model, think_setting
 from .exceptions import AccessDenied, ToolError, UnknownAgent
 from .handle import AgentHandle
-from .transcript.compaction import CompactionFunction, CompactionResult, Session, create_compact_function
-from .transcript.repair import default_repair
+from .transcript.compaction import CompactionResult
 from .transcript.services import conversation_claim, conversation_get_or_create
-from .turn import llm
+from .turn.agent import Think, current_agent
 from .turn.context import RunContext
 from .turn.errors import default_chat_error_classifier
 from .turn.loop import StepResult
 from .turn.mcp import MCPServer
 from .turn.overflow import ChatErrorContext, ContextOverflow, Proactive, default_context_overflow_classifier
 from .turn.pricing import ModelPrices
+from .turn.registry import agent_class, agent_for, conversation_name_problem
+from .turn.registry import kebab as kebab  # not public: kept for the imports it always answered
+from .turn.session import create_compact_function
 from .turn.tools import Tool, tool
-
-if TYPE_CHECKING:
-    from .handle import AgentHandle
-    from .turn.completion import TurnCompleted
-
-# What a request does while another turn is busy (see chat.transcript.turns.turn_accept).
-MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
-
-ChunkCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
-
-
-@dataclass(frozen=True)
-class TurnContext:
-    fiber_id: Any
-    fencing: int
-    request_id: str
-
 
 __all__ = [
     "ChatErrorContext",
-    "CompactionResult",
-    "ContextOverflow",
-    "MCPServer",
-    "Proactive",
-    "create_compact_function",
-    "default_chat_error_classifier",
-    "default_context_overflow_classifier",
     "ChatRecovery",
     "ChatRecoveryContext",
     "ChatRecoveryOptions",
+    "CompactionResult",
+    "ContextOverflow",
+    "MCPServer",
     "ModelPrices",
+    "Proactive",
     "RunContext",
     "StepResult",
     "Think",
     "Tool",
     "ToolError",
     "UnknownAgent",
-    "agent_class",
-    "agent_for",
     "aopen_agent",
+    "create_compact_function",
     "current_agent",
-    "kebab",
+    "default_chat_error_classifier",
+    "default_context_overflow_classifier",
     "open_agent",
     "tool",
 ]
-
-
-def kebab(name: str) -> str:
-    """The client's camelCase-to-kebab rule: `ChatAgent` -> `chat-agent`, `MY_AGENT` -> `my-agent`."""
-    if name.isupper():
-        return name.lower().replace("_", "-")
-    converted = re.sub(r"[A-Z]", lambda m: "-" + m.group(0).lower(), name)
-    converted = converted[1:] if converted.startswith("-") else converted
-    converted = converted.replace("_", "-")
-    return converted[:-1] if converted.endswith("-") else converted
-
-
-class Think:
-    """A chat agent. Subclass it, set its options, override the hooks you need, and register it by name
-    in THINK["AGENTS"].
-
-    Options are class attributes, each read through a `get_*()` method an agent may override to decide
-    per conversation. Hooks are methods; those that say so may be async. One instance is built per turn
-    (and per recovery step) for one conversation, so instance state does not survive between turns:
-    durable state belongs in the conversation's messages, or in `stash()` for the turn's recovery.
-    """
-
-    # -- options ---------------------------------------------------------------------------------------
-    #: A litellm model string, or a dict of litellm completion kwargs (model, api_base, ...); None uses
-    #: THINK["MODEL"] (`get_model()`).
-    model: ClassVar[str | dict[str, Any] | None] = None
-    #: Put in front of every model call (`get_system_prompt()`).
-    system_prompt: ClassVar[str | None] = None
-    #: The server tools the model may call; client tools come from the client's request (`get_tools()`).
-    tools: ClassVar[Sequence[Tool]] = ()
-    #: MCP servers whose tools the model may call too (`get_mcp_servers()`; the `mcp` extra). A turn
-    #: connects to each when it starts (chat.turn.mcp).
-    mcp_servers: ClassVar[Sequence[MCPServer]] = ()
-    #: Recovery budget and give-up behaviour (`get_chat_recovery()`). Recovery from crashes cannot be
-    #: switched off; False only makes a rate-limited or transiently failed model call end the turn at once.
-    chat_recovery: ClassVar[ChatRecovery | bool | None] = True
-    #: Recover from a context window overflow by compacting (`get_context_overflow()`); both layers
-    #: need a compaction function.
-    context_overflow: ClassVar[ContextOverflow | None] = None
-    #: The session's compaction function, e.g. `create_compact_function()` (`get_compaction()`).
-    compaction: ClassVar[CompactionFunction | None] = None
-    #: Call the model through OpenAI's Responses API in background mode, so that a turn recovered after
-    #: a crash rejoins the provider's own generation (after the last stored event) instead of paying
-    #: for a new one; when the provider no longer has it, the turn continues as usual (README).
-    model_reattach: ClassVar[bool] = False
-    #: Read an OpenAI-compatible provider's stream (OpenAI, vLLM, OpenRouter, ... and the scripted model)
-    #: with the project's lean reader; litellm still routes and builds the request and maps its errors.
-    #: False streams every byte through litellm. Other providers always go through litellm.
-    lean_model_read: ClassVar[bool] = True
-    #: Abort a stream silent for this long and recover it (0 = off).
-    chat_stream_stall_timeout_ms: ClassVar[int] = 0
-    #: Model steps per turn: each step after the first follows server tool results.
-    max_steps: ClassVar[int] = 10
-    #: A request while another turn is busy: "queue" (after it), "latest" (skip older queued ones), "drop".
-    message_concurrency: ClassVar[str] = "queue"
-    #: Prices per token of the model (a ModelPrices), for each step's cost; None: litellm's cost map.
-    model_prices: ClassVar[ModelPrices | None] = None
-    #: Let clients write any history: system, assistant and tool messages in a chat request are stored
-    #: and sent to the model. Off, a client adds user messages only (text, files, data) and a request
-    #: with anything else is refused. On, whoever holds the socket can put words in the model's mouth and
-    #: place instructions above the system prompt: only for clients the site trusts as much as itself.
-    accept_client_history: ClassVar[bool] = False
-
-    def __init__(self, *, agent: str, name: str, conversation_id: int | None = None) -> None:
-        self.agent = agent
-        self.name = name
-        self.conversation_id = conversation_id
-        self.turn: TurnContext | None = None  # set while this instance runs a turn
-        #: The running turn's RunContext (owner, user, request id, attempt); None outside a turn.
-        self.context: RunContext | None = None
-        self._session: Session | None = None
-
-    # -- get_*(): the options, for an agent that decides them per conversation ---------------------------
-    def get_model(self) -> str | dict[str, Any]:
-        """The model: `model`, else THINK["MODEL"]; with neither the turn fails with ImproperlyConfigured
-        (and `manage.py check` says so beforehand, think_chat.E011)."""
-        return self.model if self.model is not None else default_model()
-
-    def get_system_prompt(self) -> str | None:
-        """The system prompt: `system_prompt`."""
-        return self.system_prompt
-
-    def get_tools(self) -> list[Tool]:
-        """The server tools: `tools`."""
-        return list(self.tools)
-
-    def get_mcp_servers(self) -> list[MCPServer]:
-        """The MCP servers whose tools the model may call: `mcp_servers`. Override it to choose them per
-        conversation (`self.context` holds the turn's owner and user), or to read a URL or a token: an
-        override runs on a thread of the worker's (the ORM works there), and may be `async def`."""
-        return list(self.mcp_servers)
-
-    def get_chat_recovery(self) -> ChatRecovery:
-        """The recovery budget: `chat_recovery` (True or None: the defaults)."""
-        return resolve_chat_recovery(self.chat_recovery)
-
-    def get_context_overflow(self) -> ContextOverflow | None:
-        """How a context window overflow is recovered: `context_overflow`."""
-        return self.context_overflow
-
-    def get_compaction(self) -> CompactionFunction | None:
-        """The compaction function: `compaction` (a plain function there is not made a method)."""
-        return plain_attribute(type(self), "compaction")
-
-    # -- hooks -------------------------------------------------------------------------------------------
-    def configure_session(self, session: Session) -> None:
-        """Set the session up; by default it compacts with `get_compaction()`."""
-        compaction = self.get_compaction()
-        if compaction is not None:
-            session.on_compaction(compaction)
-
-    def classify_chat_error(self, error: Any, ctx: ChatErrorContext) -> str | None:
-        """Classify a model error: "context_overflow", "rate_limit", "transient", "fatal", "unknown" or
-        None; "rate_limit" and "transient" send the turn to recovery."""
-        return default_chat_error_classifier(error, ctx)
-
-    def on_chat_error(self, error: Any, ctx: ChatErrorContext) -> Any:
-        """What clients see of a turn's error: a string is sent as it is; an exception (the default) is
-        shown as a generic text naming its class and `ctx.fault` (chat.turn.faults). May be async."""
-        return error
-
-    def on_step_finish(self, step: StepResult) -> Any:
-        """Called after every model step (and its tools); may be async."""
-        return None
-
-    def repair_interrupted_tool_part(self, part: dict[str, Any]) -> dict[str, Any]:
-        """The replacement of a tool part an interruption left without a result (must be settled)."""
-        return default_repair(part)
-
-    def recovers_model_errors(self) -> bool:
-        """Whether a rate-limited or transiently failed model call goes to recovery (else the turn ends
-        with its error at once): by default, unless `chat_recovery` is False."""
-        return self.chat_recovery is not False
-
-    async def on_chat_recovery(self, ctx: ChatRecoveryContext) -> ChatRecoveryOptions | None:
-        """Decide what happens to an interrupted turn: keep the partial, continue or retry it."""
-        return ChatRecoveryOptions()
-
-    def should_keep_recovering(self, ctx: ProgressContext) -> bool:
-        """Consulted before each recovery attempt from the second on; False gives up. Synchronous.
-
-        By default the answer of `chat_recovery.should_keep_recovering`, else True."""
-        predicate = self.get_chat_recovery().should_keep_recovering
-        return True if predicate is None else predicate(ctx)
-
-    async def on_recovery_exhausted(self, ctx: ExhaustedContext) -> None:
-        """Recovery gave up (what it raises is logged); by default `chat_recovery.on_exhausted`."""
-        handler = self.get_chat_recovery().on_exhausted
-        result = handler(ctx) if handler is not None else None
-        if inspect.isawaitable(result):
-            await result
-
-    def get_model_prices(self) -> ModelPrices | None:
-        """The prices of this agent's model (`model_prices`), for the cost of each step; None: litellm's
-        cost map, which leaves a model it does not know unpriced."""
-        return self.model_prices
-
-    def on_turn_completed(self, result: TurnCompleted) -> Any:
-        """A turn of this agent ended (`result.ending`: completed, recovered, exhausted, cancelled, failed,
-        skipped), with its answer as stored: called once per turn after the commit that ended it, on the
-        process that ended it (or the tick's sweep). May be async; a sync one runs in a database thread.
-        What it raises is logged. `chat.signals.turn_completed` carries the same result to receivers."""
-        return None
-
-    # -- the running turn and its conversation -----------------------------------------------------------
-    @property
-    def session(self) -> Session:
-        """The conversation's session, configured once per agent instance."""
-        if self._session is None:
-            self._session = Session(self, complete_text=llm.complete_text)
-            self.configure_session(self._session)
-        return self._session
-
-    @property
-    def handle(self) -> AgentHandle:
-        """This agent's conversation, for what code outside a turn does with it (chat.handle)."""
-
-        return AgentHandle(self)
-
-    def stash(self, data: Any) -> None:
-        """Keep JSON data with the running turn; recovery hands it back as `ctx.recovery_data`."""
-
-        turn = self.turn
-        if turn is None:
-            raise RuntimeError("stash() is only available while a turn of this agent runs")
-        fiber_stash(fiber_id=turn.fiber_id, fencing=turn.fencing, data=data)
-
-    async def astash(self, data: Any) -> None:
-
-        await db(self.stash, data)
-
-    def completion_kwargs(self) -> dict[str, Any]:
-        """The litellm kwargs of get_model() as a dict."""
-        model = self.get_model()
-        if isinstance(model, str):
-            return {"model": model}
-        if not isinstance(model, dict) or "model" not in model:
-            raise TypeError(
-                f"{type(self).__name__}.get_model() must return a model string or a dict with 'model'"
-            )
-        return dict(model)
-
-    def _require_conversation(self) -> int:
-        if self.conversation_id is None:
-            raise RuntimeError(f"{type(self).__name__} is not bound to a conversation")
-        return self.conversation_id
-
-    # -- configuration checks ----------------------------------------------------------------------------
-    @classmethod
-    def check(cls, *, label: str = "") -> list[CheckMessage]:
-        """The mistakes in this agent's options and hooks, as `manage.py check` reports them."""
-        from .checks import think_class_errors
-
-        return think_class_errors(cls, label=label or cls.__name__)
-
-
-def recovery_config(agent: Think) -> ChatRecovery:
-    """The budget the recovery engine spends on one of the agent's turns, with the agent's hooks in it."""
-    return dataclasses.replace(
-        agent.get_chat_recovery(),
-        should_keep_recovering=agent.should_keep_recovering,
-        on_exhausted=agent.on_recovery_exhausted,
-    )
-
-
-def plain_attribute(cls: type, name: str) -> Any:
-    """A class attribute as it was assigned: a function stays a function, not a method of the agent."""
-    value = inspect.getattr_static(cls, name, None)
-    return value.__func__ if isinstance(value, staticmethod) else value
-
-
-def current_agent() -> Think | None:
-    """The agent whose turn is running in this context (tools use it to reach `stash`, say)."""
-    return current_agent_var.get()
-
-
-current_agent_var: ContextVar[Think | None] = ContextVar("think_current_agent", default=None)
-
-
-def agent_names() -> list[str]:
-    return list(think_setting("AGENTS"))
-
-
-_checked: set[type[Think]] = set()
-
-
-def agent_class(name: str) -> type[Think]:
-    """The registered Think subclass for a URL agent name; raises UnknownAgent, and ImproperlyConfigured
-    for an agent whose configuration `manage.py check` would refuse."""
-    agents: dict[str, str] = think_setting("AGENTS")
-    for registered, path in agents.items():
-        if kebab(registered) == name:
-            cls = import_string(path)
-            if not (isinstance(cls, type) and issubclass(cls, Think)):
-                raise UnknownAgent(name)
-            if cls not in _checked:
-                errors = [m for m in cls.check(label=registered) if m.is_serious()]
-                if errors:
-                    raise ImproperlyConfigured("; ".join(f"{m.msg} ({m.id})" for m in errors))
-                _checked.add(cls)
-            return cls
-    raise UnknownAgent(name)
-
-
-def agent_for(agent: str, name: str, conversation_id: int | None = None) -> Think:
-    return agent_class(agent)(agent=agent, name=name, conversation_id=conversation_id)
-
-
-def server_tool_names(agent: str, name: str, conversation_id: int) -> set[str]:
-    """The names of the agent's server tools for a conversation (`Think.get_tools()`): a client's
-    answer for one of their calls is refused (chat.transcript.interactions)."""
-    return {tool.name for tool in agent_for(agent, name, conversation_id).get_tools()}
-
-
-def conversation_name_problem(name: str) -> str | None:
-    """What is wrong with a conversation name (None when nothing is): it must be 1 to
-    THINK["MAX_NAME_LENGTH"] characters, none of them a control character (Postgres stores no NUL)."""
-    limit = think_setting("MAX_NAME_LENGTH")
-    if not 0 < len(name) <= limit:
-        return f"a conversation name has 1 to {limit} characters"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return "a conversation name holds no control characters"
-    return None
 
 
 def open_agent(agent: str, name: str, *, owner: str | None = None) -> AgentHandle:

@@ -20,22 +20,23 @@ from recovery.runtime import db
 
 from .exceptions import ToolCallNotWaiting
 from .models import Conversation, Submission
-from .transcript.repair import pending_interaction
-from .transcript.selectors import chain_outcome, messages_list
+from .transcript.selectors import chain_outcome, interaction_pending, messages_list
 from .transcript.snapshot import TurnKind
 from .transcript.submissions import submission_cancel, submission_create, submission_delete, submission_get
 from .transcript.turns import (
     POLL_S,
     MessagesOrFunction,
     TurnResult,
+    await_stable,
     turn_start_programmatic,
     turn_start_recovered,
+    wait_until_stable,
 )
 
 if TYPE_CHECKING:
-    from .agents import ChunkCallback, Think
     from .transcript.stop import StopReport
     from .transcript.submissions import SubmitResult
+    from .turn.agent import ChunkCallback, Think
 
 
 def turn_wait(*, conversation_id: int, request_id: str, timeout: float | None = None) -> TurnResult:
@@ -150,11 +151,7 @@ class AgentHandle:
 
         `extra` adds messages not stored yet (the partial of an interrupted turn).
         """
-
-        conversation = Conversation.objects.only("last_client_tools").get(pk=self.conversation_id)
-        tools = conversation.last_client_tools or []
-        client_tools = {str(t.get("name")) for t in tools if isinstance(t, dict)}
-        return pending_interaction([*self.messages(), *(extra or [])], client_tools)
+        return interaction_pending(conversation_id=self.conversation_id, extra=extra)
 
     def is_idle(self) -> bool:
         """No turn of this conversation is queued or running."""
@@ -162,24 +159,11 @@ class AgentHandle:
 
     def wait_until_stable(self, timeout: float | None = None) -> bool:
         """Wait until no turn runs and no human is pending; False when `timeout` seconds pass first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self.is_idle() and not self.has_pending_interaction():
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(POLL_S)
+        return wait_until_stable(conversation_id=self.conversation_id, timeout=timeout)
 
     async def await_stable(self, timeout: float | None = None) -> bool:
-        """wait_until_stable for async callers (the recovery alarms)."""
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if await db(self.is_idle) and not await db(self.has_pending_interaction):
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(POLL_S)
+        """wait_until_stable for async callers."""
+        return await await_stable(conversation_id=self.conversation_id, timeout=timeout)
 
     # -- turns ------------------------------------------------------------------------------------------
     def save_messages(
@@ -370,7 +354,7 @@ class AgentHandle:
 
 def conversation_handle(conversation_id: int) -> AgentHandle:
     """The handle of a stored conversation, by its id (operators' tools: the admin, commands)."""
-    from .agents import agent_for
+    from .turn.registry import agent_for
 
     conversation = Conversation.objects.only("agent", "name").get(pk=conversation_id)
     return AgentHandle(agent_for(conversation.agent, conversation.name, conversation.pk))

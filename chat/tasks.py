@@ -64,7 +64,7 @@ def models_need_litellm() -> bool:
     API (model_reattach)."""
     from django.utils.module_loading import import_string
 
-    from .agents import Think
+    from .turn.agent import Think
     from .turn.plain_openai import kwargs_qualify
 
     for path in (think_setting("AGENTS") or {}).values():

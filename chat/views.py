@@ -9,9 +9,9 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET
 
 from .access import Credentials, access_policy, conversation_read
-from .agents import agent_class, agent_names, conversation_name_problem, kebab
 from .exceptions import AccessDenied, UnknownAgent
 from .transcript.window import MAX_PAGE_MESSAGES, Window, transcript_window
+from .turn.registry import agent_class, agent_names, conversation_name_problem, kebab
 
 
 @require_GET

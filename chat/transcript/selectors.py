@@ -9,11 +9,13 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q
 
+from recovery.fibers import conversation_busy
 from recovery.models import ACTIVE_STATUSES, Alarm, Fiber, Incident, Stream
 from recovery.stream import stream_chunks
 
 from ..models import Compaction, Conversation, Message
 from .folding import MessageAccumulator, fold_bodies
+from .repair import pending_interaction
 from .snapshot import TurnSnapshot
 
 # Read on every connect and every new conversation: raw, as the ORM's compile of a one-row lookup costs
@@ -91,6 +93,23 @@ def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, 
         messages.append(span.summary)
         span = next(pending, None)
     return messages
+
+
+def interaction_pending(*, conversation_id: int, extra: list[dict[str, Any]] | None = None) -> bool:
+    """True while a human must act: an approval is requested or a client tool awaits its result.
+
+    `extra` adds messages not stored yet (the partial of an interrupted turn).
+    """
+    conversation = Conversation.objects.only("last_client_tools").get(pk=conversation_id)
+    tools = conversation.last_client_tools or []
+    client_tools = {str(t.get("name")) for t in tools if isinstance(t, dict)}
+    messages = messages_list(conversation_id=conversation_id)
+    return pending_interaction([*messages, *(extra or [])], client_tools)
+
+
+def conversation_stable(*, conversation_id: int) -> bool:
+    """No turn of the conversation is queued or running, and no human is pending."""
+    return not conversation_busy(conversation_id) and not interaction_pending(conversation_id=conversation_id)
 
 
 def _ui_message(message_id: str, role: str, parts: Any, metadata: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the worker is enqueued when that transaction commits.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import time
@@ -29,6 +30,7 @@ from recovery.fibers import (
 )
 from recovery.incident_store import incident_cancelled, incident_mark_running
 from recovery.models import ACTIVE_STATUSES, Fiber
+from recovery.runtime import db
 
 from ..conf import frame_limits, think_setting
 from ..exceptions import ConversationBusy, FileRefused, ProtocolError
@@ -39,7 +41,7 @@ from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
 from .files import Attachments, attachments_resolve, files_store, principal_file_refusal
 from .quotas import principal_refusal, principal_turn_counted
-from .selectors import json_column, messages_list
+from .selectors import conversation_stable, json_column, messages_list
 from .services import conversation_lock, conversation_request_save, message_upsert, messages_append
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
@@ -659,3 +661,23 @@ def turn_start_programmatic(
             if deadline is not None and time.monotonic() >= deadline:
                 raise ConversationBusy(f"conversation {conversation_id} stayed busy for {timeout}s") from None
             time.sleep(POLL_S)
+
+
+def wait_until_stable(*, conversation_id: int, timeout: float | None = None) -> bool:
+    """Wait until no turn runs and no human is pending; False when `timeout` seconds pass first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not conversation_stable(conversation_id=conversation_id):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+async def await_stable(*, conversation_id: int, timeout: float | None = None) -> bool:
+    """wait_until_stable for async callers (the recovery alarms): polls without holding a thread."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not await db(conversation_stable, conversation_id=conversation_id):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True

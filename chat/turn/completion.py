@@ -20,7 +20,6 @@ from typing import Any
 from recovery import runtime
 from recovery.runtime import db
 
-from ..agents import Think, agent_class, agent_for
 from ..exceptions import UnknownAgent
 from ..models import TurnCompletion
 from ..signals import turn_completed
@@ -31,6 +30,8 @@ from ..transcript.completions import (
     completions_due,
     completions_prune,
 )
+from .agent import Think
+from .registry import agent_class, agent_for
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chat.agents import Think
     from chat.models import Conversation
+
+    from .agent import Think
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,15 @@ from recovery.models import Incident as IncidentRow
 from recovery.runtime import db
 from recovery.targets import recovery_target
 
-from ..agents import Think, agent_for, recovery_config
 from ..exceptions import UnknownAgent
 from ..models import Conversation
 from ..transcript.completions import Ending, completion_record
+from ..transcript.selectors import interaction_pending, messages_list
 from ..transcript.snapshot import TurnKind, TurnSnapshot
-from ..transcript.turns import turn_start_recovered
+from ..transcript.turns import await_stable, turn_start_recovered
+from .agent import Think, recovery_config
 from .interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, give_up_target
+from .registry import agent_for
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +85,9 @@ class _Callback:
         if stored is not None and stored.status == IncidentRow.Status.CANCELLED:
             return  # a stop closed it after this alarm was claimed: nothing of it resumes
         try:
-            if not await self.agent.handle.await_stable(self.config.stable_timeout_ms / 1000):
+            if not await await_stable(
+                conversation_id=self.conversation.pk, timeout=self.config.stable_timeout_ms / 1000
+            ):
                 await self.not_stable()
                 return
             await self.start_turn()
@@ -92,7 +96,7 @@ class _Callback:
             await self.give_up("recovery_error")
 
     async def not_stable(self) -> None:
-        if await db(self.agent.handle.has_pending_interaction):
+        if await db(interaction_pending, conversation_id=self.conversation.pk):
             # Park: a human is pending, which costs no budget; their answer resumes the turn (as a new
             # one: this turn ends here, with its answer waiting for them).
             await self.set_status("skipped", "awaiting_client_interaction")
@@ -116,7 +120,7 @@ class _Callback:
         )
 
     async def start_turn(self) -> None:
-        messages = await db(self.agent.handle.messages)
+        messages = await db(messages_list, conversation_id=self.conversation.pk)
         leaf = messages[-1] if messages else None
         if self.callback == CONTINUE_CALLBACK:
             target = self.data.get("targetAssistantId")
@@ -156,7 +160,7 @@ class _Callback:
     async def turn_ended(self, ending: str) -> None:
         """The turn this recovery was for ends here, without a run of its own."""
         root = str(self.data.get("originalRequestId") or "")
-        messages = await db(self.agent.handle.messages)
+        messages = await db(messages_list, conversation_id=self.conversation.pk)
         leaf = messages[-1] if messages else None
         answer = leaf["id"] if leaf is not None and leaf["role"] == "assistant" else None
         await db(_record_end, self.conversation.pk, root, ending, answer)

@@ -29,13 +29,12 @@ from recovery.runtime import db
 from recovery.stream import stream_close
 from recovery.targets import RecoveryTarget
 
-from ..agents import Think, agent_for, recovery_config
 from ..models import Conversation
 from ..transcript.completions import Ending, completion_record
 from ..transcript.finish import interactions_settle
 from ..transcript.folding import MessageAccumulator
 from ..transcript.interactions import foreign_updates_apply
-from ..transcript.selectors import conversation_get, messages_list, stream_partial
+from ..transcript.selectors import conversation_get, interaction_pending, messages_list, stream_partial
 from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
 from ..transcript.turns import CONTINUE_CALLBACK, RETRY_CALLBACK, RUN_TURN, turn_enqueue_pending
@@ -43,6 +42,8 @@ from ..transcript.window import transcript_frame
 from ..wire import broadcast
 from ..wire.protocol import recovering_frame, response_frame
 from . import tracing
+from .agent import Think, recovery_config
+from .registry import agent_for
 
 DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was declined."
 
@@ -370,7 +371,8 @@ class ChatTarget(RecoveryTarget):
         # The partial counts: a client tool call it holds is pending even before it is stored.
         partial = [work.partial.message()] if work.partial.has_content else None
         assert work.agent is not None
-        return bool(await db(work.agent.handle.has_pending_interaction, partial))
+        conversation_id = work.agent._require_conversation()
+        return bool(await db(interaction_pending, conversation_id=conversation_id, extra=partial))
 
     async def hook(self, work: Any, incident: Incident) -> ChatRecoveryOptions | None:
         assert work.agent is not None

@@ -42,7 +42,7 @@ from .tools import (
 )
 
 if TYPE_CHECKING:
-    from ..agents import Think
+    from .agent import Think
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ from recovery.models import Fiber, Stream
 from recovery.runtime import DATABASE_LOST, db
 from recovery.stream import StreamWriter, stream_close, stream_open
 
-from ..agents import ChunkCallback, Think, TurnContext, agent_for, current_agent_var
 from ..conf import think_setting
 from ..exceptions import StreamStalled
 from ..models import Conversation
@@ -46,6 +45,7 @@ from ..transcript.window import transcript_frame
 from ..wire import broadcast
 from ..wire.protocol import chunk_framer, response_frame
 from . import errors, faults, llm, tracing
+from .agent import ChunkCallback, Think, TurnContext, current_agent_var
 from .chunking import UI_CHUNK_POLICY
 from .context import run_context_load
 from .continuation import settle_recovered_turn
@@ -53,6 +53,7 @@ from .llm import Usage
 from .loop import ModelLoop
 from .mcp import MCPServer, MCPToolbox, mcp_server_list
 from .overflow import CONTEXT_OVERFLOW, ChatErrorContext, classify, compact_for_overflow
+from .registry import agent_for
 from .tools import Tool, Toolset
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from recovery.metrics import STREAM_FILLS
 from recovery.stream import stream_chunks
 
 from ..access import Credentials, access_policy, conversation_open_as
-from ..agents import agent_class, conversation_name_problem, server_tool_names
 from ..conf import frame_limits, think_setting
 from ..exceptions import (
     AccessDenied,
@@ -41,6 +40,7 @@ from ..transcript.services import conversation_clear
 from ..transcript.turns import turn_accept, turn_cancel
 from ..transcript.window import Window, transcript_frame
 from ..turn.branching import aswitch_branch
+from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence

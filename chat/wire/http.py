@@ -39,12 +39,12 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from ..access import Credentials, access_policy, conversation_open_as, conversation_read
-from ..agents import agent_class, conversation_name_problem, server_tool_names
 from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, ConversationLimit, UnknownAgent
 from ..models import Conversation, Message
 from ..transcript.interactions import tool_approval_apply, tool_part_name, tool_result_apply
 from ..transcript.turns import turn_accept
+from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
 from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence

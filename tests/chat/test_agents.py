@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from chat.agents import Think, agent_class, agent_for, agent_names, kebab
+from chat.agents import Think
 from chat.checks import check_think_settings
 from chat.exceptions import UnknownAgent
+from chat.turn.registry import agent_class, agent_for, agent_names, kebab
 from thinkproject.agents import Assistant
 
 

@@ -8,10 +8,11 @@ from urllib.parse import quote
 import pytest
 from django.test import Client
 
-from chat.agents import conversation_name_problem, open_agent
+from chat.agents import open_agent
 from chat.models import Conversation, Message
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
+from chat.turn.registry import conversation_name_problem
 from chat.wire.protocol import ChatRequest
 from recovery.models import Fiber
 from tests.support import auth_headers

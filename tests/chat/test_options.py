@@ -14,15 +14,15 @@ from chat.agents import (
     ContextOverflow,
     Think,
     Tool,
-    agent_class,
     create_compact_function,
-    recovery_config,
     tool,
 )
 from chat.checks import check_think_settings
 from chat.handle import AgentHandle
-from chat.transcript.compaction import Session
+from chat.turn.agent import recovery_config
 from chat.turn.overflow import ChatErrorContext, classify
+from chat.turn.registry import agent_class
+from chat.turn.session import Session
 from recovery.incidents import ExhaustedContext, ProgressContext
 
 ERROR_CONTEXT = ChatErrorContext(stage="stream", request_id="r")

@@ -7,9 +7,9 @@ import uuid
 import pytest
 from django.contrib.auth import get_user_model
 
-from chat.agents import agent_for
 from chat.models import Conversation
 from chat.turn.context import RunContext, run_context_load
+from chat.turn.registry import agent_for
 from recovery.models import Incident
 
 pytestmark = pytest.mark.django_db

@@ -28,7 +28,7 @@ def make(parts: list[dict[str, Any]], *, client_tools: list[dict[str, Any]] | No
     Message.objects.create(
         conversation=conversation, message_id="a", role="assistant", parts=parts, position=1
     )
-    return Think(agent="assistant", name=conversation.name, conversation_id=conversation.pk).handle
+    return AgentHandle(Think(agent="assistant", name=conversation.name, conversation_id=conversation.pk))
 
 
 def tool(name: str, state: str, call: str = "c1") -> dict[str, Any]:

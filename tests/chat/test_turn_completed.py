@@ -17,13 +17,14 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import transaction
 
-from chat.agents import agent_class, open_agent
+from chat.agents import open_agent
 from chat.models import TurnCompletion
 from chat.signals import turn_completed
 from chat.transcript.completions import completion_record, completions_due
 from chat.transcript.turns import turn_cancel, turn_start_programmatic
 from chat.turn import completion
 from chat.turn.continuation import give_up_now
+from chat.turn.registry import agent_class
 from chat.turn.runner import turn_run
 from chat.turn.stop import astop_conversation
 from recovery.alarms import fire_alarm
