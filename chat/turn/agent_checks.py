@@ -87,7 +87,7 @@ def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
         found.append(
             (
                 f"model_prices must be a ModelPrices or None, got {cls.model_prices!r}.",
-                "E024",
+                "E032",
                 "ModelPrices(input=Decimal('0.000003'), output=Decimal('0.000015')): prices per token.",
             )
         )

@@ -184,7 +184,7 @@ def test_prices_and_an_agent_with_bad_ones_are_refused_clearly() -> None:
     class Careless(Think):
         model_prices = {"input": 0.1}  # type: ignore[assignment]
 
-    assert [e.id for e in Careless.check()] == ["think_chat.E024"]
+    assert [e.id for e in Careless.check()] == ["think_chat.E032"]
 
 
 def test_without_prices_of_its_own_a_step_is_priced_by_litellms_cost_map() -> None:
