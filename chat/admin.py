@@ -24,7 +24,7 @@ from .handle import conversation_handle
 from .models import Branch, Conversation, Message, PrincipalUsage, Submission, TokenRevocation, TurnCompletion
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
-from .turn.stop import stop_conversation
+from .turn.actions import stop_conversation
 
 PRE = '<pre style="white-space: pre-wrap; margin: 2px 0 6px">{}</pre>'
 

@@ -49,7 +49,7 @@ _FACE = {
     "TurnResult": "chat.transcript.turns",
     "SubmitResult": "chat.transcript.submissions",
     "StopReport": "chat.transcript.stop",
-    "TurnCompleted": "chat.turn.completion",
+    "TurnCompleted": "chat.turn.deliveries",
     "turn_completed": "chat.signals",
     # who may open a conversation
     "AccessPolicy": "chat.access",
@@ -107,8 +107,8 @@ if TYPE_CHECKING:  # what a type checker knows of the names above (tests/test_fa
     from .transcript.turns import TurnResult as TurnResult
     from .turn.agent import Think as Think
     from .turn.agent import current_agent as current_agent
-    from .turn.completion import TurnCompleted as TurnCompleted
     from .turn.context import RunContext as RunContext
+    from .turn.deliveries import TurnCompleted as TurnCompleted
     from .turn.errors import default_chat_error_classifier as default_chat_error_classifier
     from .turn.loop import StepResult as StepResult
     from .turn.mcp import MCPServer as MCPServer

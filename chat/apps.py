@@ -30,7 +30,7 @@ class ChatConfig(AppConfig):
 
         from . import checks  # noqa: F401
         from .transcript import completions, submissions
-        from .turn import completion, continuation, interrupted
+        from .turn import continuation, deliveries, interrupted
         from .wire import broadcast
 
         # Every turn's frames of a flusher tick leave for the web processes together.
@@ -40,8 +40,8 @@ class ChatConfig(AppConfig):
         register_tick_sweep("submissions", submissions.submissions_sweep)
         # How turns end reaches turn_completed and on_turn_completed: after the commit that recorded it,
         # on that process; the tick delivers what a dead process left.
-        completions.on_recorded(completion.deliver_soon, completion.heard)
-        register_tick_sweep("completions", completion.completions_sweep)
+        completions.on_recorded(deliveries.deliver_soon, deliveries.heard)
+        register_tick_sweep("completions", deliveries.completions_sweep)
         # Chat turns are the recovery layer's work: how an interrupted one is read, continued or retried,
         # and how clients hear of the outcome; the continue and retry alarms the engine schedules.
         register_target(interrupted.ChatTarget())

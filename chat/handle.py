@@ -239,13 +239,13 @@ class AgentHandle:
         settled), queued turns, open submissions, approvals and client tool calls still waiting
         (settled as cancelled) and open recovery incidents; every tab is told. The next message runs
         as new work."""
-        from .turn.stop import stop_conversation
+        from .turn.actions import stop_conversation
 
         return stop_conversation(self.conversation_id)
 
     async def astop_conversation(self) -> StopReport:
         """stop_conversation() for async callers."""
-        from .turn.stop import astop_conversation
+        from .turn.actions import astop_conversation
 
         return await astop_conversation(self.conversation_id)
 
@@ -254,7 +254,7 @@ class AgentHandle:
         `anchor_message_id` ("" for the start): a regenerated answer, or what followed a user message
         before an edit (chat.transcript.branches). False when it was already in use; every tab gets the
         transcript. Raises BranchNotFound, or ConversationBusy while a turn runs or recovers."""
-        from .turn.branching import switch_branch
+        from .turn.actions import switch_branch
 
         return switch_branch(self.conversation_id, anchor_message_id, index)
 

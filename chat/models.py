@@ -134,7 +134,7 @@ class Submission(models.Model):
 class TurnCompletion(models.Model):
     """How a turn ended (the turn and every recovery that continued it), written in the transaction
     that ended it, then delivered once to `chat.signals.turn_completed` and the agent's
-    `on_turn_completed` (chat.turn.completion), on whichever process ended it, or by the tick's sweep
+    `on_turn_completed` (chat.turn.deliveries), on whichever process ended it, or by the tick's sweep
     when that process died first."""
 
     class Ending(models.TextChoices):

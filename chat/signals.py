@@ -10,7 +10,7 @@
 `turn_completed` is sent once per turn, after the transaction that ended it committed, by the process
 that ended it (or, when that process died first, by the recovery tick's sweep on another): `sender` is
 the agent class (connect with `sender=MyAgent` to hear of one agent's turns only), `result` a
-`chat.turn.completion.TurnCompleted`. Receivers run in a database thread
+`chat.turn.deliveries.TurnCompleted`. Receivers run in a database thread
 (the ORM works); what they raise is logged, never raised.
 """
 

@@ -8,7 +8,6 @@ the engine's. Everything runs on the worker's event loop; database work hops to 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import replace
@@ -29,7 +28,7 @@ from .incidents import (
     schedule_is_idempotent,
     transient_wait_s,
 )
-from .runtime import db
+from .runtime import db, maybe_await
 from .targets import Interrupted, RecoveryTarget, recovery_target
 
 logger = logging.getLogger(__name__)
@@ -41,10 +40,6 @@ TRANSIENT_INTERRUPTIONS = frozenset({"transient", "rate_limit"})
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-async def maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
 
 
 def event_payload(incident: Incident) -> dict[str, Any]:

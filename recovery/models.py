@@ -157,7 +157,7 @@ class Incident(models.Model):
         SKIPPED = "skipped"
         EXHAUSTED = "exhausted"
         FAILED = "failed"
-        # Closed by a stop of the whole conversation (chat.turn.stop): nothing of it may resume, and no
+        # Closed by a stop of the whole conversation (chat.turn.actions): nothing of it may resume, and no
         # later write of the engine reopens it (recovery.incident_store).
         CANCELLED = "cancelled"
 

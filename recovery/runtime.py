@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
@@ -33,6 +34,13 @@ DATABASE_LOST = (InterfaceError, OperationalError)
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _executor: ThreadPoolExecutor | None = None
+
+
+async def maybe_await(value: T | Awaitable[T]) -> T:
+    """The value a hook returned, awaited when it is awaitable: hooks may be sync or `async def`."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 def _start() -> asyncio.AbstractEventLoop:

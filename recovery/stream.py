@@ -13,7 +13,6 @@ ahead of, nor lags behind, the stored chunks.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -25,6 +24,7 @@ from django.db import connection
 from django.utils import timezone
 
 from .conf import setting
+from .encoding import dumps
 from .exceptions import LeaseLost
 from .fibers import CURSOR_SLOT, lease_ttl
 from .models import Fiber, Segment, Stream, owner_model
@@ -82,11 +82,6 @@ class ChunkPolicy:
 # The live frame of one stored chunk: (its body, its seq) -> the text a client is sent (the owner's
 # wire format; the chat app's is chat.wire.protocol.chunk_framer).
 Frame = Callable[[str, int], str]
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON: a chunk's stored body never holds a raw newline (segments join bodies with one)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)

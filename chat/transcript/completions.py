@@ -6,7 +6,7 @@ or skip (chat.turn.interrupted, chat.turn.continuation), a cancel of a queued tu
 conversation, a clear, a newer request replacing a queued one. A turn is its request and the recoveries
 that continued it: the row is keyed by the chain's root, and only the first ending counts.
 
-Delivery (chat.turn.completion) claims a row, runs the `turn_completed` receivers and the agent's
+Delivery (chat.turn.deliveries) claims a row, runs the `turn_completed` receivers and the agent's
 `on_turn_completed`, and marks it delivered; a row its process never delivered (it died after the
 commit) is delivered by the recovery tick's sweep once its claim is stale.
 """
@@ -36,7 +36,7 @@ CLAIM_TTL = timedelta(seconds=60)
 # Delivered rows are kept this long (a receiver that deduplicates by request id can look back), then pruned.
 RETENTION = timedelta(days=7)
 
-# Called after the commit with the ids of the rows it wrote (chat.turn.completion registers the
+# Called after the commit with the ids of the rows it wrote (chat.turn.deliveries registers the
 # delivery: the transcript layer does not import the turn layer).
 _listeners: list[Callable[[list[int]], None]] = []
 # Whether anyone hears of an agent's turns (a turn_completed receiver, or the agent's own hook); None

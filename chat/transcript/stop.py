@@ -5,7 +5,7 @@ every queued turn and open submission, settles every tool call still waiting for
 (approvals, client tools) as cancelled, closes the open recovery incidents and deletes their alarms.
 Once it commits, nothing of the old work resumes: the stopped worker's writes are fenced, the engine
 loads none of its fibers, an alarm that was already firing finds its incident cancelled, and the next
-message runs as new work. chat.turn.stop tells the clients.
+message runs as new work. chat.turn.actions tells the clients.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from typing import Any
 
 from django.db import connection
 
+from recovery.encoding import dumps
+
 from ..conf import think_setting
 from ..models import Message
 from ..wire.protocol import chat_messages_frame
@@ -49,7 +51,7 @@ class Window:
 
 def message_bytes(message: UIMessage) -> int:
     """The size of a message as the transcript frame carries it (compact JSON, UTF-8)."""
-    return len(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode())
+    return len(dumps(message).encode())
 
 
 def _newest_first(conversation_id: int, below: int | None) -> Iterator[UIMessage]:

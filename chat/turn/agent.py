@@ -21,7 +21,7 @@ from django.core.checks import CheckMessage
 from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
 from recovery.fibers import fiber_stash
 from recovery.incidents import ChatRecovery, ExhaustedContext, ProgressContext, resolve_chat_recovery
-from recovery.runtime import db
+from recovery.runtime import db, maybe_await
 
 from ..conf import default_model
 from ..transcript.repair import default_repair
@@ -36,7 +36,7 @@ from .session import CompactionFunction, Session
 from .tools import Tool
 
 if TYPE_CHECKING:
-    from .completion import TurnCompleted
+    from .deliveries import TurnCompleted
 
 # What a request does while another turn is busy (see chat.transcript.turns.turn_accept).
 MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
@@ -187,9 +187,8 @@ class Think:
     async def on_recovery_exhausted(self, ctx: ExhaustedContext) -> None:
         """Recovery gave up (what it raises is logged); by default `chat_recovery.on_exhausted`."""
         handler = self.get_chat_recovery().on_exhausted
-        result = handler(ctx) if handler is not None else None
-        if inspect.isawaitable(result):
-            await result
+        if handler is not None:
+            await maybe_await(handler(ctx))
 
     def get_model_prices(self) -> ModelPrices | None:
         """The prices of this agent's model (`model_prices`), for the cost of each step; None: litellm's

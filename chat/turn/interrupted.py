@@ -25,7 +25,7 @@ from recovery.fibers import conversation_busy
 from recovery.incidents import RECOVERING_FLAG_TTL_MS, ChatRecovery, Incident
 from recovery.models import Fiber, Stream
 from recovery.models import Incident as IncidentRow
-from recovery.runtime import db
+from recovery.runtime import db, maybe_await
 from recovery.stream import stream_close
 from recovery.targets import RecoveryTarget
 
@@ -38,7 +38,6 @@ from ..transcript.selectors import conversation_get, interaction_pending, messag
 from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
 from ..transcript.turns import CONTINUE_CALLBACK, RETRY_CALLBACK, RUN_TURN, turn_enqueue_pending
-from ..transcript.window import transcript_frame
 from ..wire import broadcast
 from ..wire.protocol import recovering_frame, response_frame
 from . import tracing
@@ -349,8 +348,7 @@ async def close_orphan_stream(work: InterruptedTurn, *, outcome: str, error: str
     )
     await broadcast.publish_stream_end(work.conversation.pk, work.request_id, seq, frame)
     # After the end frame, as a turn's own finish does (chat.turn.runner): clients take it as the truth.
-    transcript = await db(transcript_frame, conversation_id=work.conversation.pk)
-    await broadcast.publish(work.conversation.pk, transcript)
+    await broadcast.publish_transcript(work.conversation.pk)
 
 
 class ChatTarget(RecoveryTarget):
@@ -376,7 +374,7 @@ class ChatTarget(RecoveryTarget):
 
     async def hook(self, work: Any, incident: Incident) -> ChatRecoveryOptions | None:
         assert work.agent is not None
-        options: ChatRecoveryOptions | None = await recovery_engine.maybe_await(
+        options: ChatRecoveryOptions | None = await maybe_await(
             work.agent.on_chat_recovery(_context(work, incident))
         )
         return options

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from recovery import diagnostics
-from recovery.runtime import db
+from recovery.runtime import db, maybe_await
 
 from ..conf import think_setting
 from ..exceptions import ReattachUnavailable, StreamStalled
@@ -150,7 +150,7 @@ class ModelLoop:
             step = StepResult(
                 number, chunker.finish_reason, calls, waiting, usage.prompt_tokens if usage else None
             )
-            await _maybe_await(self.agent.on_step_finish(step))
+            await maybe_await(self.agent.on_step_finish(step))
             if not calls or waiting:
                 break
         await self._emit_all(chunker.finish())
@@ -378,9 +378,3 @@ class ModelLoop:
             state = "output-error" if outcome.error_text is not None else "output-available"
             settled = result_update({**part, "state": "approval-responded"}, {"state": state, **changes})
             last["parts"][index] = settled or part
-
-
-async def _maybe_await(value: Any) -> Any:
-    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
-        return await value
-    return value

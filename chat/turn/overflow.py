@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recovery import diagnostics
-from recovery.runtime import db
 
-from ..transcript.window import transcript_frame
 from ..wire import broadcast
 
 logger = logging.getLogger(__name__)
@@ -165,5 +163,5 @@ async def compact_for_overflow(
     diagnostics.emit("chat:context:compacted", payload, agent=agent.agent, name=agent.name)
     if shortened:  # clients see the summary in place of the compacted messages
         conversation_id = agent._require_conversation()
-        await broadcast.publish(conversation_id, await db(transcript_frame, conversation_id=conversation_id))
+        await broadcast.publish_transcript(conversation_id)
     return shortened

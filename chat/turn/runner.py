@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 import uuid
@@ -29,7 +28,7 @@ from recovery.fibers import (
 )
 from recovery.flusher import flusher
 from recovery.models import Fiber, Stream
-from recovery.runtime import DATABASE_LOST, db
+from recovery.runtime import DATABASE_LOST, db, maybe_await
 from recovery.stream import StreamWriter, stream_close, stream_open
 
 from ..conf import think_setting
@@ -41,7 +40,6 @@ from ..transcript.repair import repair_transcript
 from ..transcript.selectors import messages_list, stream_partial
 from ..transcript.services import transcript_repair_save
 from ..transcript.snapshot import FiberSnapshot
-from ..transcript.window import transcript_frame
 from ..wire import broadcast
 from ..wire.protocol import chunk_framer, response_frame
 from . import errors, faults, llm, tracing
@@ -414,8 +412,7 @@ class TurnRunner:
             messages=report.changed,
         )
         self._emit_event("chat:transcript:repaired", report.event())
-        transcript = await db(transcript_frame, conversation_id=self.conversation_id)
-        await broadcast.publish(self.conversation_id, transcript)
+        await broadcast.publish_transcript(self.conversation_id)
         return report.messages
 
     def _note_cursor(self, cursor: dict[str, Any]) -> None:
@@ -459,9 +456,7 @@ class TurnRunner:
             # committed segment unpublished.
             await self.writer.flush()
         if self.on_chunk is not None:
-            result = self.on_chunk(chunk)
-            if inspect.isawaitable(result):
-                await result
+            await maybe_await(self.on_chunk(chunk))
 
     async def _error_text(self, error: BaseException) -> str:
         """What clients see of the turn's error: the string on_chat_error returns, or else a generic text
@@ -480,9 +475,7 @@ class TurnRunner:
             stage="stream", request_id=self.request_id, classification=classification, fault=reference
         )
         try:
-            shown = self.agent.on_chat_error(error, context)
-            if inspect.isawaitable(shown):
-                shown = await shown
+            shown = await maybe_await(self.agent.on_chat_error(error, context))
         except Exception:
             logger.exception("on_chat_error raised; the generic text is shown", extra=self.log_extra)
             shown = error
@@ -560,8 +553,7 @@ class TurnRunner:
         await broadcast.publish_stream_end(self.conversation_id, self.request_id, seq, done)
         # The stored transcript after the end frame: the published hook keeps its own copy of a
         # message it streams until that frame (even a stopped one), and takes the snapshot after it.
-        transcript = await db(transcript_frame, conversation_id=self.conversation_id)
-        await broadcast.publish(self.conversation_id, transcript)
+        await broadcast.publish_transcript(self.conversation_id)
         logger.info("turn %s (%s chunks)", wire_outcome, seq, extra=self.log_extra)
 
     async def _abandon(self) -> None:
@@ -595,7 +587,4 @@ async def _mcp_servers(agent: Think) -> list[MCPServer]:
     say), and may be async; the attribute alone is read as it is."""
     if type(agent).get_mcp_servers is Think.get_mcp_servers:
         return mcp_server_list(agent.get_mcp_servers())
-    found: Any = await db(agent.get_mcp_servers)
-    if inspect.isawaitable(found):
-        found = await found
-    return mcp_server_list(found)
+    return mcp_server_list(await maybe_await(await db(agent.get_mcp_servers)))

@@ -9,13 +9,12 @@ recent tail and summarises the middle with the agent's own model.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recovery.runtime import db
+from recovery.runtime import db, maybe_await
 
 from ..models import Compaction
 from ..transcript.compaction import (
@@ -79,11 +78,8 @@ class Session:
         conversation_id = self.agent._require_conversation()
         messages = await db(messages_list, conversation_id=conversation_id)
         try:
-            result = self._compaction(
-                messages, CompactionContext(self.agent, self.token_counter, self.complete_text)
-            )
-            if inspect.isawaitable(result):
-                result = await result
+            context = CompactionContext(self.agent, self.token_counter, self.complete_text)
+            result = await maybe_await(self._compaction(messages, context))
         except Exception:
             logger.exception("the compaction function raised; nothing was compacted")
             return None
@@ -127,9 +123,7 @@ def create_compact_function(
         middle = messages[protect_head:tail]
         if not middle:
             return None
-        summary = summarizer(middle, ctx)
-        if inspect.isawaitable(summary):
-            summary = await summary
+        summary = await maybe_await(summarizer(middle, ctx))
         return CompactionResult(middle[0]["id"], middle[-1]["id"], str(summary))
 
     return compact

@@ -27,6 +27,8 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from recovery.runtime import maybe_await
+
 from ..exceptions import ToolError, ToolSchemaError
 from ..transcript.folding import tool_name_of
 from .context import RunContext
@@ -263,9 +265,7 @@ async def tool_execute(item: Tool, tool_input: Any, context: RunContext | None =
             loop = asyncio.get_running_loop()
             copied = contextvars.copy_context()  # current_agent() works in sync tools too
             call = functools.partial(copied.run, item.execute, **arguments)
-            result = await loop.run_in_executor(None, call)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await maybe_await(await loop.run_in_executor(None, call))
         return ToolOutcome(output=_json_safe(result))
     except ToolError as exc:
         return ToolOutcome(error_text=str(exc) or f"The tool {item.name} failed.")

@@ -18,6 +18,7 @@ from recovery.fibers import conversation_busy
 from recovery.runtime import db
 
 from ..conf import think_setting
+from ..transcript.window import transcript_frame
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,13 @@ async def publish(conversation_id: int, frame: str, *, exclude: list[str] | None
     await group_send(conversation_id, {"type": BROADCAST, "frame": frame, "exclude": exclude or []})
 
 
+async def publish_transcript(conversation_id: int) -> None:
+    """Every client of the conversation gets the stored transcript, which clients take as the truth:
+    after a change no stream of theirs carried (a turn's end, a repair, a compaction, a branch switch,
+    a stop, a recovery's end)."""
+    await publish(conversation_id, await db(transcript_frame, conversation_id=conversation_id))
+
+
 def accept_announcer(
     conversation_id: int, *, exclude: list[str] | None = None
 ) -> Callable[[tuple[str, ...]], None]:
@@ -105,7 +113,6 @@ def accept_announcer(
     would then wipe it from the other tabs' screens (as `announcer` says of a tool answer). The
     transcript is read only when someone may hear it: most conversations have one socket, the sender's
     (a read per accept, issue 37)."""
-    from ..transcript.window import transcript_frame
     from .protocol import response_frame
 
     def announce(superseded: tuple[str, ...]) -> None:

@@ -39,9 +39,8 @@ from ..transcript.selectors import stream_for_request
 from ..transcript.services import conversation_clear
 from ..transcript.turns import turn_accept, turn_cancel
 from ..transcript.window import Window, transcript_frame
-from ..turn.branching import aswitch_branch
+from ..turn.actions import astop_conversation, aswitch_branch
 from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
-from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
 from .broadcast import accept_announcer, announcer, group_name, release_parked
@@ -319,7 +318,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 await release_parked(self.conversation_id)  # no turn left to wait for
 
     async def on_stop(self, frame: p.Stop) -> None:
-        """Stop everything of the conversation (chat.turn.stop): every tab hears of it, this one too."""
+        """Stop everything of the conversation (chat.turn.actions): every tab hears of it, this one too."""
         await astop_conversation(self.conversation_id)
 
     async def on_switchbranch(self, frame: p.SwitchBranch) -> None:

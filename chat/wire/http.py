@@ -6,7 +6,7 @@
   chunks that follows the turn until it has really ended, across the recoveries that continue it.
 - `GET <mount>/ai/<agent>/<chatId>/stream`: 204 when no turn is active; otherwise the active turn's
   answer from its `start`, then live.
-- `POST <mount>/ai/<agent>/<chatId>/stop`: stops the conversation's turns (chat.turn.stop); aborting
+- `POST <mount>/ai/<agent>/<chatId>/stop`: stops the conversation's turns (chat.turn.actions); aborting
   the fetch alone is a disconnect, which never stops a durable turn.
 
 The web process holds the response and tails the turn (chat.wire.chain): the chunks are read from
@@ -44,8 +44,8 @@ from ..exceptions import AccessDenied, ConversationLimit, UnknownAgent
 from ..models import Conversation, Message
 from ..transcript.interactions import tool_approval_apply, tool_part_name, tool_result_apply
 from ..transcript.turns import turn_accept
+from ..turn.actions import astop_conversation
 from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
-from ..turn.stop import astop_conversation
 from . import protocol as p
 from . import silence
 from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, accept_announcer, announcer, group_name

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from recovery.encoding import dumps
+
 from ..exceptions import AnswerRefused, LimitExceeded, ProtocolError
 
 USE_CHAT_REQUEST = "cf_agent_use_chat_request"
@@ -408,19 +410,10 @@ _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Frame]] = {
 
 
 # -- server frames -----------------------------------------------------------------------------------
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def encode_chunk(chunk: dict[str, Any]) -> str:
-    """A chunk's body text: compact JSON, so it never contains a raw newline (see Segment)."""
-    return dumps(chunk)
-
-
 def chunk_frame(request_id_json: str, body: str, seq: int, *, continuation: bool = False) -> str:
     """The live frame of one chunk; request_id_json is the request id already JSON-encoded."""
     cont = ',"continuation":true' if continuation else ""
-    body_json = json.dumps(body, ensure_ascii=False)
+    body_json = dumps(body)
     return (
         f'{{"type":"{USE_CHAT_RESPONSE}","id":{request_id_json},"body":{body_json},'
         f'"done":false,"seq":{seq}{cont}}}'

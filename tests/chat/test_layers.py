@@ -54,16 +54,14 @@ def quiet_broker(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 async def test_an_accept_reads_the_transcript_for_other_tabs_only(
     quiet_broker: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import chat.transcript.window
-
     reads: list[int] = []
-    read = chat.transcript.window.transcript_frame
+    read = broadcast.transcript_frame
 
     def counted(*, conversation_id: int) -> str:
         reads.append(conversation_id)
         return read(conversation_id=conversation_id)
 
-    monkeypatch.setattr(chat.transcript.window, "transcript_frame", counted)
+    monkeypatch.setattr(broadcast, "transcript_frame", counted)
     monkeypatch.setattr(broadcast, "_heard_by_others", _spy(broadcast._heard_by_others, asked := []))
     name = new_name("tabs")
     async with connected(name) as alone:

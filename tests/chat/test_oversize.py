@@ -12,6 +12,7 @@ from chat.transcript.window import TRUNCATED_KEY
 from chat.turn.chunking import DELTA_PIECE_CHARS, coalesce
 from chat.wire import protocol as p
 from chat.wire.oversize import SEND_LIMIT_BYTES, fit_frame, fits
+from recovery.encoding import dumps
 
 
 def delta(text: str, part: str = "t1") -> dict[str, Any]:
@@ -42,19 +43,19 @@ def test_deltas_of_different_parts_or_kinds_stay_apart() -> None:
 def test_a_worst_case_batch_of_deltas_makes_frames_under_the_send_limit() -> None:
     # Half a megabyte of newlines (a flush's most) is 1.5 MB once escaped twice in one frame.
     chunks = coalesce([delta("\n" * 1000) for _ in range(512)])
-    frames = [p.chunk_frame(json.dumps("r1"), p.encode_chunk(c), seq) for seq, c in enumerate(chunks)]
+    frames = [p.chunk_frame(json.dumps("r1"), dumps(c), seq) for seq, c in enumerate(chunks)]
     assert max(len(f.encode()) for f in frames) < SEND_LIMIT_BYTES
     assert "".join(json.loads(json.loads(f)["body"])["delta"] for f in frames) == "\n" * 512_000
 
 
 def test_a_frame_that_fits_is_sent_as_it_is() -> None:
-    frame = p.response_frame("r1", p.encode_chunk(delta("hello")), seq=3)
+    frame = p.response_frame("r1", dumps(delta("hello")), seq=3)
     assert fits(frame) and fit_frame(frame) is frame
 
 
 def test_a_stream_chunk_over_the_limit_becomes_a_placeholder_with_its_seq() -> None:
     chunk = {"type": "tool-output-available", "toolCallId": "c1", "output": "x" * 1_200_000}
-    frame = p.response_frame("r1", p.encode_chunk(chunk), seq=7, continuation=True)
+    frame = p.response_frame("r1", dumps(chunk), seq=7, continuation=True)
     assert not fits(frame)
     sent = json.loads(fit_frame(frame))
     assert (sent["type"], sent["id"], sent["seq"], sent["continuation"]) == (
@@ -72,7 +73,7 @@ def test_a_stream_chunk_over_the_limit_becomes_a_placeholder_with_its_seq() -> N
 
 
 def test_a_limit_counts_bytes_not_characters() -> None:
-    frame = p.response_frame("r1", p.encode_chunk(delta("é" * 300_000)), seq=1)  # 600 KB of UTF-8
+    frame = p.response_frame("r1", dumps(delta("é" * 300_000)), seq=1)  # 600 KB of UTF-8
     assert fits(frame)
     assert not fits(frame, limit=500_000)
     assert json.loads(json.loads(fit_frame(frame, limit=500_000))["body"])["type"] == "data-think-omitted"

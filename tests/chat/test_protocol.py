@@ -20,6 +20,7 @@ from chat.wire.protocol import (
     ToolResult,
     parse_frame,
 )
+from recovery.encoding import dumps
 
 USER_MESSAGE = {"id": "u-1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
 
@@ -752,21 +753,29 @@ CHUNKS = [
 ]
 
 
+def test_stored_chunks_and_frames_share_one_encoder() -> None:
+    """The stream buffer's bodies (the hot path) and the codec's frames are encoded by the same function,
+    so the tests below hold for both."""
+    import recovery.stream
+
+    assert recovery.stream.dumps is dumps and p.dumps is dumps
+
+
 @pytest.mark.parametrize("chunk", CHUNKS)
-def test_encode_chunk_is_compact_json_without_raw_newlines(chunk: dict[str, Any]) -> None:
-    body = p.encode_chunk(chunk)
+def test_a_chunk_body_is_compact_json_without_raw_newlines(chunk: dict[str, Any]) -> None:
+    body = dumps(chunk)
     assert "\n" not in body and "\r" not in body
     assert json.loads(body) == chunk
     assert body == json.dumps(chunk, separators=(",", ":"), ensure_ascii=False)
 
 
-def test_encode_chunk_escapes_newlines_in_delta() -> None:
-    body = p.encode_chunk({"type": "text-delta", "id": "t1", "delta": "a\nb"})
+def test_a_chunk_body_escapes_newlines_in_delta() -> None:
+    body = dumps({"type": "text-delta", "id": "t1", "delta": "a\nb"})
     assert body == '{"type":"text-delta","id":"t1","delta":"a\\nb"}'
 
 
-def test_encode_chunk_keeps_non_ascii() -> None:
-    body = p.encode_chunk({"type": "text-delta", "id": "t1", "delta": "日本 🙂"})
+def test_a_chunk_body_keeps_non_ascii() -> None:
+    body = dumps({"type": "text-delta", "id": "t1", "delta": "日本 🙂"})
     assert "日本 🙂" in body
 
 
@@ -777,7 +786,7 @@ def test_encode_chunk_keeps_non_ascii() -> None:
 def test_chunk_frame_matches_response_frame(
     chunk: dict[str, Any], continuation: bool, request_id: str, seq: int
 ) -> None:
-    body = p.encode_chunk(chunk)
+    body = dumps(chunk)
     live = p.chunk_frame(json.dumps(request_id), body, seq, continuation=continuation)
     reference = p.response_frame(request_id, body, seq=seq, continuation=continuation)
     assert json.loads(live) == json.loads(reference)
@@ -786,7 +795,7 @@ def test_chunk_frame_matches_response_frame(
 
 
 def test_chunk_frame_golden() -> None:
-    body = p.encode_chunk({"type": "text-delta", "id": "t1", "delta": "four "})
+    body = dumps({"type": "text-delta", "id": "t1", "delta": "four "})
     assert p.chunk_frame('"_7m9oTQg"', body, 3) == (
         '{"type":"cf_agent_use_chat_response","id":"_7m9oTQg",'
         '"body":"{\\"type\\":\\"text-delta\\",\\"id\\":\\"t1\\",\\"delta\\":\\"four \\"}",'

@@ -1,4 +1,4 @@
-"""Stop everything of a conversation (chat.transcript.stop, chat.turn.stop), durably, in one transaction.
+"""Stop everything of a conversation (chat.transcript.stop, chat.turn.actions), durably, in one transaction.
 
 Turns run in the test process through the real path (tests/inprocess.py: the runner, the tick's
 takeover, the engine, the alarms); what would reach the broker is recorded (quiet_broker), so nothing
@@ -27,8 +27,8 @@ from chat.transcript.snapshot import TurnKind
 from chat.transcript.stop import STOPPED, STOPPED_TOOL_ERROR, conversation_stop
 from chat.transcript.submissions import submission_create
 from chat.transcript.turns import turn_start_programmatic, turn_start_recovered
+from chat.turn.actions import astop_conversation
 from chat.turn.runner import turn_run
-from chat.turn.stop import astop_conversation
 from chat.wire import protocol as p
 from recovery.alarms import fire_alarm
 from recovery.engine import recover_fiber

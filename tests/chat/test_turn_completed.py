@@ -22,11 +22,11 @@ from chat.models import TurnCompletion
 from chat.signals import turn_completed
 from chat.transcript.completions import completion_record, completions_due
 from chat.transcript.turns import turn_cancel, turn_start_programmatic
-from chat.turn import completion
+from chat.turn import deliveries
+from chat.turn.actions import astop_conversation
 from chat.turn.continuation import give_up_now
 from chat.turn.registry import agent_class
 from chat.turn.runner import turn_run
-from chat.turn.stop import astop_conversation
 from recovery.alarms import fire_alarm
 from recovery.engine import recover_fiber
 from recovery.models import Fiber, Incident
@@ -151,7 +151,7 @@ def test_an_ending_its_process_never_delivered_is_delivered_by_the_sweep_once(
 ) -> None:
     """The process died between its commit and the delivery: nothing was claimed; the tick's sweep
     delivers it once the grace period passed, and never again."""
-    monkeypatch.setattr(completion, "deliver_soon", lambda ids: None)
+    monkeypatch.setattr(deliveries, "deliver_soon", lambda ids: None)
     import chat.transcript.completions as completions
 
     monkeypatch.setattr(completions, "_listeners", [])  # the commit reaches nobody
@@ -168,8 +168,8 @@ def test_an_ending_its_process_never_delivered_is_delivered_by_the_sweep_once(
     TurnCompletion.objects.filter(pk=row.pk).update(created_at=row.created_at.replace(year=2000))
     assert completions_due() == [row.pk]
 
-    assert completion.completions_sweep() == 1
-    assert completion.completions_sweep() == 0
+    assert deliveries.completions_sweep() == 1
+    assert deliveries.completions_sweep() == 0
     [seen] = delivered(agent.name)
     assert (seen["request_id"], seen["ending"]) == ("orphan", "completed"), "the first ending stands"
     assert [r["result"].request_id for r in received] == ["orphan"]
@@ -182,7 +182,7 @@ def test_two_deliverers_of_one_ending_deliver_it_once() -> None:
     pk = TurnCompletion.objects.get(request_id="twice", conversation_id=agent.conversation_id).pk
 
     async def both() -> list[bool]:
-        return list(await asyncio.gather(completion.deliver(pk), completion.deliver(pk)))
+        return list(await asyncio.gather(deliveries.deliver(pk), deliveries.deliver(pk)))
 
     results = async_to_sync(both)()
     # The commit's own delivery may have won the race: at most one of these, and one call in all.

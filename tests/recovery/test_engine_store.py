@@ -42,7 +42,6 @@ from chat.turn.interrupted import (
     orphan_persist,
 )
 from chat.turn.runner import CLAIM_FIELDS
-from chat.wire.protocol import encode_chunk
 from recovery.alarms import (
     ALARM_CLAIM_TTL,
     alarm_done,
@@ -51,6 +50,7 @@ from recovery.alarms import (
     alarms_claim_due,
 )
 from recovery.detection import tick_claim
+from recovery.encoding import dumps as encode_chunk
 from recovery.engine import recover_fiber
 from recovery.exceptions import LeaseLost
 from recovery.fibers import (

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from recovery.management.options import agent_and_name
 
 from ...models import Conversation
-from ...turn.stop import stop_conversation
+from ...turn.actions import stop_conversation
 
 
 class Command(BaseCommand):
