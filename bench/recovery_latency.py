@@ -2,7 +2,7 @@
 
 Two turn workers run, as in any real deployment; the one holding the turn's lease is killed with
 SIGKILL mid-stream and replaced (outside the timed window). It is measured with each detector of a
-dead worker, in one run: its lost liveness session (recovery.liveness: THINK["LIVENESS_CONFIRM_MS"],
+dead worker, in one run: its lost liveness session (recovery.lease.liveness: THINK["LIVENESS_CONFIRM_MS"],
 300 ms, and the workers' poll, 250 ms) and, with the sessions off, its lease alone
 (THINK["LEASE_TTL_S"], 3 s, THINK["HEARTBEAT_INTERVAL_S"], 1 s, and the beat tick, 1 s).
 

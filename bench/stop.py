@@ -45,7 +45,7 @@ def stored_deltas(request_id: str) -> list[tuple[int, str]]:
     import json
 
     from recovery.models import Stream
-    from recovery.stream import stream_chunks
+    from recovery.stream.buffer import stream_chunks
 
     stream = Stream.objects.get(request_id=request_id)
     deltas = []

@@ -15,9 +15,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from recovery import operations
 from recovery.admin import OperatorAdmin
 from recovery.models import Fiber
+from recovery.operations import actions
 
 from .exceptions import ToolCallNotWaiting, UnknownAgent
 from .handle import conversation_handle
@@ -165,7 +165,7 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
     ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
-        open_incidents = Q(incidents__status__in=operations.OPEN_INCIDENTS)
+        open_incidents = Q(incidents__status__in=actions.OPEN_INCIDENTS)
         fibers = Fiber.objects.filter(conversation=OuterRef("pk")).values("conversation")
         spent = fibers.annotate(t=Sum(F("input_tokens") + F("output_tokens"))).values("t")
         cost = fibers.annotate(c=Sum("cost")).values("c")
@@ -254,7 +254,7 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
         forced = self.run_each(
             request,
             queryset.values_list("pk", flat=True),
-            lambda pk: operations.conversation_force_recover(conversation_id=pk),
+            lambda pk: actions.conversation_force_recover(conversation_id=pk),
         )
         total = sum(len(ids) for ids in forced)
         self.message_user(request, f"{total} fiber(s) handed to recovery.", messages.SUCCESS)
@@ -264,7 +264,7 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
         counts = self.run_each(
             request,
             queryset.values_list("pk", flat=True),
-            lambda pk: operations.conversation_give_up(conversation_id=pk),
+            lambda pk: actions.conversation_give_up(conversation_id=pk),
         )
         self.message_user(
             request,
@@ -277,7 +277,7 @@ class ConversationAdmin(OperatorAdmin[Conversation]):
         cleared = self.run_each(
             request,
             queryset.values_list("pk", flat=True),
-            lambda pk: operations.conversation_clear_recovering(conversation_id=pk),
+            lambda pk: actions.conversation_clear_recovering(conversation_id=pk),
         )
         self.message_user(
             request, f"Cleared the recovering flag of {sum(cleared)} conversation(s).", messages.SUCCESS

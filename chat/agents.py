@@ -7,9 +7,9 @@ whole public face: this and the handle.
 
 from __future__ import annotations
 
-from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
-from recovery.incidents import ChatRecovery
-from recovery.runtime import db
+from recovery.budget.incidents import ChatRecovery
+from recovery.engine.context import ChatRecoveryContext, ChatRecoveryOptions
+from recovery.process.runtime import db
 
 from .exceptions import AccessDenied, ToolError, UnknownAgent
 from .handle import AgentHandle

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from recovery.faces import lazy_face
+from recovery.process.faces import lazy_face
 
 # name -> the module that defines it
 _FACE = {
@@ -36,11 +36,11 @@ _FACE = {
     "create_compact_function": "chat.turn.session",
     "CompactionResult": "chat.transcript.compaction",
     # recovery: the budget and what its hooks are given
-    "ChatRecovery": "recovery.incidents",
-    "ExhaustedContext": "recovery.incidents",
-    "ProgressContext": "recovery.incidents",
-    "ChatRecoveryContext": "recovery.context",
-    "ChatRecoveryOptions": "recovery.context",
+    "ChatRecovery": "recovery.budget.incidents",
+    "ExhaustedContext": "recovery.budget.incidents",
+    "ProgressContext": "recovery.budget.incidents",
+    "ChatRecoveryContext": "recovery.engine.context",
+    "ChatRecoveryOptions": "recovery.engine.context",
     # a conversation from code
     "open_agent": "chat.agents",
     "aopen_agent": "chat.agents",
@@ -78,11 +78,11 @@ __all__ = sorted(_FACE)
 __getattr__, __dir__ = lazy_face(__name__, _FACE)
 
 if TYPE_CHECKING:  # what a type checker knows of the names above (tests/test_faces.py)
-    from recovery.context import ChatRecoveryContext as ChatRecoveryContext
-    from recovery.context import ChatRecoveryOptions as ChatRecoveryOptions
-    from recovery.incidents import ChatRecovery as ChatRecovery
-    from recovery.incidents import ExhaustedContext as ExhaustedContext
-    from recovery.incidents import ProgressContext as ProgressContext
+    from recovery.budget.incidents import ChatRecovery as ChatRecovery
+    from recovery.budget.incidents import ExhaustedContext as ExhaustedContext
+    from recovery.budget.incidents import ProgressContext as ProgressContext
+    from recovery.engine.context import ChatRecoveryContext as ChatRecoveryContext
+    from recovery.engine.context import ChatRecoveryOptions as ChatRecoveryOptions
 
     from .access import AccessPolicy as AccessPolicy
     from .access import SessionAccess as SessionAccess

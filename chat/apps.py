@@ -23,10 +23,10 @@ class ChatConfig(AppConfig):
 
     def ready(self) -> None:
         refuse_unsafe_secret_key()
-        from recovery.alarms import register_callback
-        from recovery.flusher import register_fanout
-        from recovery.targets import register_target
-        from recovery.tasks import register_tick_sweep
+        from recovery.engine.alarms import register_callback
+        from recovery.engine.detection import register_tick_sweep
+        from recovery.engine.targets import register_target
+        from recovery.stream.flusher import register_fanout
 
         from . import checks  # noqa: F401
         from .transcript import completions, submissions

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recovery import runtime
-from recovery.fibers import conversation_busy
+from recovery.lease.fibers import conversation_busy
 from recovery.models import Fiber
-from recovery.runtime import db
+from recovery.process import runtime
+from recovery.process.runtime import db
 
 from .exceptions import ToolCallNotWaiting
 from .models import Conversation, Submission

@@ -9,7 +9,8 @@ from concurrent.futures import CancelledError
 from celery import shared_task
 from celery.signals import task_failure, worker_process_init, worker_ready, worker_shutting_down
 
-from recovery import control, runtime
+from recovery.lease import control
+from recovery.process import runtime
 
 from .conf import think_setting
 from .transcript.turns import RUN_TURN
@@ -90,7 +91,7 @@ def models_need_litellm() -> bool:
 
 @worker_ready.connect
 def listen_for_cancels(sender: object = None, **kwargs: object) -> None:
-    """The process that runs the turns hears cancels at once (recovery.control): the worker itself,
+    """The process that runs the turns hears cancels at once (recovery.lease.control): the worker itself,
     unless a prefork pool runs them in its children (they start theirs as they start, below)."""
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
@@ -110,7 +111,7 @@ def count_lost_workers(
     """A pool child that dies mid-turn (SIGKILL, the OOM killer) counts against the OOM budget."""
     from billiard.exceptions import WorkerLostError
 
-    from recovery.fibers import fiber_mark_worker_lost
+    from recovery.lease.fibers import fiber_mark_worker_lost
 
     if getattr(sender, "name", None) != run_turn.name or not isinstance(exception, WorkerLostError):
         return

@@ -16,8 +16,8 @@ from django.db.models import Count, Model, QuerySet
 from django.http import HttpRequest
 from django.utils.timesince import timesince
 
-from . import operations
-from .models import Fault, Fiber, Incident, Stream
+from recovery.models import Fault, Fiber, Incident, Stream
+from recovery.operations import actions
 
 M = TypeVar("M", bound=Model)
 T = TypeVar("T")
@@ -50,7 +50,7 @@ class OperatorAdmin(admin.ModelAdmin, Generic[M]):
         for item in items:
             try:
                 results.append(operation(item))
-            except (operations.OperationRefused, ValueError) as exc:
+            except (actions.OperationRefused, ValueError) as exc:
                 self.message_user(request, str(exc), messages.WARNING)
         return results
 
@@ -89,7 +89,7 @@ class FiberAdmin(OperatorAdmin[Fiber]):
         forced = self.run_each(
             request,
             queryset.values_list("pk", flat=True),
-            lambda pk: operations.fiber_force_recover(fiber_id=pk),
+            lambda pk: actions.fiber_force_recover(fiber_id=pk),
         )
         self.message_user(request, f"{len(forced)} fiber(s) handed to recovery.", messages.SUCCESS)
 
@@ -153,22 +153,22 @@ class IncidentAdmin(OperatorAdmin[Incident]):
 
     @admin.display(description="first seen", ordering="first_seen_at")
     def first_seen(self, obj: Incident) -> datetime | None:
-        return operations.epoch_ms_datetime(obj.first_seen_at)
+        return actions.epoch_ms_datetime(obj.first_seen_at)
 
     @admin.display(description="last attempt", ordering="last_attempt_at")
     def last_attempt(self, obj: Incident) -> datetime | None:
-        return operations.epoch_ms_datetime(obj.last_attempt_at)
+        return actions.epoch_ms_datetime(obj.last_attempt_at)
 
     @admin.display(description="last progress", ordering="last_progress_at")
     def last_progress(self, obj: Incident) -> datetime | None:
-        return operations.epoch_ms_datetime(obj.last_progress_at)
+        return actions.epoch_ms_datetime(obj.last_progress_at)
 
     @admin.action(description="Give up now", permissions=["operate"])
     def give_up(self, request: HttpRequest, queryset: QuerySet[Incident]) -> None:
         given_up = self.run_each(
             request,
             queryset.values_list("pk", flat=True),
-            lambda pk: operations.incident_give_up(incident_pk=pk),
+            lambda pk: actions.incident_give_up(incident_pk=pk),
         )
         self.message_user(
             request,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .faces import lazy_face
+from recovery.process.faces import lazy_face
 
 # name -> the module that defines it
 _FACE = {
-    "beat_schedule": "recovery.schedules",
-    "subscribe": "recovery.diagnostics",
-    "emit": "recovery.diagnostics",
+    "beat_schedule": "recovery.engine.schedules",
+    "subscribe": "recovery.observe.diagnostics",
+    "emit": "recovery.observe.diagnostics",
     "chat_event": "recovery.signals",
     "transcript_event": "recovery.signals",
     "fiber_event": "recovery.signals",
@@ -32,11 +32,11 @@ __all__ = sorted(_FACE)
 __getattr__, __dir__ = lazy_face(__name__, _FACE)
 
 if TYPE_CHECKING:  # what a type checker knows of the names above (tests/test_faces.py)
-    from .diagnostics import emit as emit
-    from .diagnostics import subscribe as subscribe
-    from .schedules import beat_schedule as beat_schedule
-    from .signals import chat_event as chat_event
-    from .signals import fiber_event as fiber_event
-    from .signals import schedule_event as schedule_event
-    from .signals import submission_event as submission_event
-    from .signals import transcript_event as transcript_event
+    from recovery.engine.schedules import beat_schedule as beat_schedule
+    from recovery.observe.diagnostics import emit as emit
+    from recovery.observe.diagnostics import subscribe as subscribe
+    from recovery.signals import chat_event as chat_event
+    from recovery.signals import fiber_event as fiber_event
+    from recovery.signals import schedule_event as schedule_event
+    from recovery.signals import submission_event as submission_event
+    from recovery.signals import transcript_event as transcript_event

@@ -8,7 +8,14 @@ class RecoveryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, metrics, signals  # noqa: F401  (checks registers the system checks)
+        from recovery import (
+            checks,  # noqa: F401  (checks registers the system checks)
+            signals,
+        )
+        from recovery.observe import metrics
+        from recovery.stream import buffer, flusher
+
+        buffer.register_group_commit(flusher.flusher)
 
         # Turn and recovery counts come from the diagnostic events.
         signals.chat_event.connect(metrics.chat_event_observed, dispatch_uid="think_recovery.metrics")

@@ -11,7 +11,7 @@ from django.core.checks import Warning as CheckWarning
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 
-from .conf import owner_model_label, setting
+from recovery.conf import owner_model_label, setting
 
 POSITIVE_NUMBERS = (
     "FLUSH_EVERY_CHUNKS",
@@ -122,8 +122,8 @@ def _check_switches() -> list[CheckMessage]:
 
 
 def _check_owner() -> list[CheckMessage]:
-    """The owner model must carry the progress counter the stream's writes credit (recovery.stream) and
-    the budget reads (recovery.incident_store). Django itself reports an owner that is not installed."""
+    """The owner model must carry the progress counter the stream's writes credit (recovery.stream.buffer) and
+    the budget reads (recovery.engine.store). Django itself reports an owner that is not installed."""
     label = owner_model_label()
     try:
         owner = apps.get_model(label)
@@ -146,7 +146,7 @@ def _check_owner() -> list[CheckMessage]:
 
 
 def _check_liveness() -> list[CheckMessage]:
-    """The liveness settings (recovery.liveness) hold together."""
+    """The liveness settings (recovery.lease.liveness) hold together."""
     enabled, alias = setting("LIVENESS_SESSIONS"), setting("LIVENESS_DATABASE")
     if not isinstance(enabled, bool):
         return [Error("THINK['LIVENESS_SESSIONS'] must be True or False.", id="think_recovery.E006")]

@@ -16,21 +16,21 @@ DEFAULTS: dict[str, Any] = {
     # Fiber lease: a worker that has not renewed its lease for LEASE_TTL_S is presumed dead.
     "LEASE_TTL_S": 3.0,
     "HEARTBEAT_INTERVAL_S": 1.0,
-    # The period of the recovery tick that celery beat sends (recovery.schedules.beat_schedule takes it;
-    # the health check's limit for a stale beat follows it).
+    # The period of the recovery tick that celery beat sends (recovery.engine.schedules.beat_schedule
+    # takes it; the health check's limit for a stale beat follows it).
     "RECOVERY_TICK_S": 1.0,
     # At most this many interrupted fibers (dead workers' and lapsed leases') are taken over by one
     # recovery tick, and as many by one liveness poll of a worker; the rest wait for the next one. A
     # worker that starts while hundreds are interrupted recovers them in batches, not all at once: each
     # taken fiber becomes a recovery task and then a turn, all behind the same broker queue.
     "RECOVERY_CLAIMS_PER_TICK": 50,
-    # Threads each worker process gives its turns' database calls (recovery.runtime).
+    # Threads each worker process gives its turns' database calls (recovery.process.runtime).
     "DB_THREADS": 8,
-    # Each worker process listens for cancels on a Postgres session of its own (recovery.control), so
+    # Each worker process listens for cancels on a Postgres session of its own (recovery.lease.control), so
     # a stop reaches a turn at once. Off behind a pooler that cannot hold a session (PgBouncer in
     # transaction mode): a turn then hears of a cancel at its next flush or heartbeat.
     "CANCEL_SIGNALS": True,
-    # Each worker process holds a Postgres session with an advisory lock (recovery.liveness), so a
+    # Each worker process holds a Postgres session with an advisory lock (recovery.lease.liveness), so a
     # process that dies is noticed by its lost session in about a second instead of by its lease.
     # Off behind a pooler in transaction mode unless LIVENESS_DATABASE names a direct connection.
     "LIVENESS_SESSIONS": True,
@@ -70,3 +70,9 @@ def setting(name: str, defaults: dict[str, Any] = DEFAULTS) -> Any:
     if name in configured:
         return configured[name]
     return defaults[name]
+
+
+def claims_per_tick() -> int:
+    """How many interrupted fibers one tick (or one liveness poll) takes over at most:
+    THINK["RECOVERY_CLAIMS_PER_TICK"]."""
+    return int(setting("RECOVERY_CLAIMS_PER_TICK"))

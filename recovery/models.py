@@ -7,7 +7,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
-from .conf import owner_model_label
+from recovery.conf import owner_model_label
 
 # Every row of the layer belongs to an owner row (a conversation), named by settings.THINK_OWNER_MODEL:
 # the layer reaches it through these relations and never imports the app that defines it.
@@ -20,7 +20,7 @@ ACTIVE_STATUSES = ("pending", "running")
 
 class FiberQuerySet(models.QuerySet["Fiber"]):
     def active(self) -> FiberQuerySet:
-        """Queued or running: what makes a conversation busy (recovery.fibers.conversation_busy)."""
+        """Queued or running: what makes a conversation busy (recovery.lease.fibers.conversation_busy)."""
         return self.filter(status__in=ACTIVE_STATUSES)
 
 
@@ -46,7 +46,7 @@ class Fiber(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     snapshot = models.JSONField(null=True, blank=True)
     lease_owner = models.CharField(max_length=255, blank=True, default="")
-    # The liveness key of the process that holds the lease (recovery.liveness); None: lease only.
+    # The liveness key of the process that holds the lease (recovery.lease.liveness); None: lease only.
     lease_session = models.BigIntegerField(null=True, blank=True)
     # When a poll last found that key's session gone (a later poll confirms it before taking over).
     lease_lost_at = models.DateTimeField(null=True, blank=True)
@@ -59,7 +59,7 @@ class Fiber(models.Model):
     interruption = models.CharField(max_length=32, blank=True, default="")
     error = models.TextField(blank=True, default="")
     # What the run spent on its model, by its completed steps (the owner records them, fenced:
-    # recovery.fibers.fiber_spend_add); cost in the currency of the prices used, None when unpriced.
+    # recovery.lease.fibers.fiber_spend_add); cost in the currency of the prices used, None when unpriced.
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
@@ -158,7 +158,7 @@ class Incident(models.Model):
         EXHAUSTED = "exhausted"
         FAILED = "failed"
         # Closed by a stop of the whole conversation (chat.turn.actions): nothing of it may resume, and no
-        # later write of the engine reopens it (recovery.incident_store).
+        # later write of the engine reopens it (recovery.engine.store).
         CANCELLED = "cancelled"
 
     conversation = models.ForeignKey(OWNER_MODEL, on_delete=models.CASCADE, related_name="incidents")

@@ -2,7 +2,8 @@
 
 from django.urls import path
 
-from . import health, views
+from recovery import views
+from recovery.operations import health
 
 app_name = "think_recovery"
 

@@ -1,4 +1,4 @@
-"""GET /metrics: the Prometheus exposition of recovery.metrics (multiprocess-aware)."""
+"""GET /metrics: the Prometheus exposition of recovery.observe.metrics (multiprocess-aware)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client.exposition import choose_encoder
 
-from .conf import setting
-from .metrics import exposition_registry
+from recovery.conf import setting
+from recovery.observe.metrics import exposition_registry
 
 # Headers a proxy adds: a request that carries one came through a proxy (or claims to), whatever its
 # client address says. daphne's --proxy-headers sets the client address from X-Forwarded-For itself.

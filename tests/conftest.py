@@ -241,15 +241,9 @@ def quiet_broker(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """What would reach the broker (alarms fired at once, turns sent) is recorded instead, so a test runs
     it in-process itself (tests/inprocess.py)."""
     import chat.transcript.turns
-    import recovery.tasks
+    from recovery.process import dispatch
 
     sent: dict[str, list[Any]] = {"alarms": [], "turns": []}
-
-    class FireAlarm:
-        @staticmethod
-        def delay(alarm_id: Any) -> None:
-            sent["alarms"].append(alarm_id)
-
-    monkeypatch.setattr(recovery.tasks, "fire_alarm", FireAlarm)
+    monkeypatch.setattr(dispatch, "fire_later", sent["alarms"].append)
     monkeypatch.setattr(chat.transcript.turns, "turn_send", sent["turns"].append)
     return sent

@@ -15,10 +15,10 @@ from django.db import transaction
 
 from chat.transcript.turns import turn_start_programmatic
 from chat.turn.runner import turn_run
-from recovery.fibers import fibers_take_expired
+from recovery.lease.fibers import fibers_take_expired
 from recovery.models import Fiber, Stream
-from recovery.runtime import db
-from recovery.stream import stream_chunks
+from recovery.process.runtime import db
+from recovery.stream.buffer import stream_chunks
 
 
 def take_expired() -> list[Any]:

@@ -80,7 +80,7 @@ def add_user_message(conversation: Conversation, text: str = "hello") -> Message
 
 
 class Delays:
-    """Stands in for `recover_fiber.delay`: records the ids, sends nothing to a broker."""
+    """Stands in for `dispatch.recover_later`: records the ids, sends nothing to a broker."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -91,10 +91,10 @@ class Delays:
 
 @pytest.fixture
 def delays(monkeypatch: pytest.MonkeyPatch) -> Delays:
-    import recovery.tasks
+    from recovery.process import dispatch
 
     recorded = Delays()
-    monkeypatch.setattr(recovery.tasks.recover_fiber, "delay", recorded)
+    monkeypatch.setattr(dispatch, "recover_later", recorded)
     return recorded
 
 

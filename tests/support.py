@@ -58,9 +58,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float, message: str, inter
 
 def ticks_pass(count: int = 2, timeout: float = 20) -> None:
     """Wait until the recovery tick has run `count` more times (each run stamps the cache as it starts:
-    recovery.heartbeat): whatever a tick would have done about the state of now, it has started by then.
+    recovery.observe.heartbeat): whatever a tick would have done about the state of now, it has
+    started by then.
     A test that checks that something did not happen waits for this, not for a fixed time."""
-    from recovery.heartbeat import beat_last_tick
+    from recovery.observe.heartbeat import beat_last_tick
 
     last, seen = beat_last_tick(), 0
 

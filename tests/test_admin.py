@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from chat.models import Branch, Compaction, Conversation, Message, Submission, TurnCompletion
-from recovery.incidents import DEFAULT_TERMINAL_MESSAGE
+from recovery.budget.incidents import DEFAULT_TERMINAL_MESSAGE
 from recovery.models import Fiber, Incident, Segment, Stream
 from tests.operator_support import (
     T0,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from django.urls import resolve
 
-from recovery.health import healthz
+from recovery.operations.health import healthz
 
 ROOT = Path(__file__).resolve().parent.parent
 

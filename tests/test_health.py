@@ -13,8 +13,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.test import Client, override_settings
 
-from recovery import health
-from recovery.heartbeat import KEY, beat_touch
+from recovery.observe.heartbeat import KEY, beat_touch
+from recovery.operations import health
 from tests.support import free_port
 
 pytestmark = pytest.mark.django_db
@@ -154,7 +154,7 @@ def test_a_failing_dependency_names_no_host_user_or_port(
 
     beat_touch()
     monkeypatch.setattr(health, "connection", Down())
-    with caplog.at_level(logging.WARNING, logger="recovery.health"):
+    with caplog.at_level(logging.WARNING, logger="recovery.operations.health"):
         with override_settings(CELERY_BROKER_URL=f"redis://admin:hunter2@127.0.0.1:{port}/0"):
             response = client.get("/healthz")
     assert response.status_code == 503

@@ -95,7 +95,7 @@ def test_every_file_of_the_apps_is_in_the_wheel(wheel: zipfile.ZipFile) -> None:
         "recovery/migrations/0001_initial.py",
         "recovery/management/commands/think_sweep.py",
         "chat/routing.py",
-        "recovery/schedules.py",
+        "recovery/engine/schedules.py",
     ):
         assert required in names(wheel), required
     assert not [n for n in names(wheel) if n.endswith((".pyc", "asgi.py", "celery.py"))]

@@ -166,7 +166,9 @@ CHANNEL_LAYERS: dict[str, Any] = {
 TURN_HARD_LIMIT_S = int(os.environ.get("THINK_TURN_HARD_LIMIT_S", "900"))
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 # kombu's Redis transport, fixed so that a worker survives a broker restart mid-turn (see the module).
-CELERY_BROKER_TRANSPORT = "recovery.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None
+CELERY_BROKER_TRANSPORT = (
+    "recovery.process.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None
+)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -243,7 +245,7 @@ for _key in (
 if os.environ.get("THINK_MAX_FRAMES_PER_S"):
     THINK["MAX_FRAMES_PER_S"] = float(os.environ["THINK_MAX_FRAMES_PER_S"])
 
-from recovery.schedules import beat_schedule  # noqa: E402
+from recovery.engine.schedules import beat_schedule  # noqa: E402
 
 CELERY_BEAT_SCHEDULE: dict[str, Any] = {**beat_schedule(THINK["RECOVERY_TICK_S"])}
 

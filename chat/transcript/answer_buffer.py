@@ -28,7 +28,7 @@ def turn_in_flight(conversation: Conversation) -> bool:
 
 def streamed_tool_call(conversation_id: int, tool_call_id: str) -> bool:
     """Whether a turn in flight streamed a call with this id. Chunks are stored before they are sent
-    (recovery.flusher), so a call a client was shown is found here."""
+    (recovery.stream.flusher), so a call a client was shown is found here."""
     needle = '"toolCallId":' + json.dumps(tool_call_id, ensure_ascii=False)
     segments = Segment.objects.filter(
         stream__conversation_id=conversation_id, stream__fiber__status__in=IN_FLIGHT, body__contains=needle

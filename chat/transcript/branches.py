@@ -23,8 +23,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
-from recovery.fibers import conversation_busy
-from recovery.incidents import LIVE_STATUSES
+from recovery.budget.incidents import LIVE_STATUSES
+from recovery.lease.fibers import conversation_busy
 from recovery.models import Fiber, Incident
 
 from ..exceptions import BranchNotFound, ConversationBusy

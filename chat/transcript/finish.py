@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from recovery.fibers import fiber_finish_on
+from recovery.lease.fibers import fiber_finish_on
 from recovery.models import Fiber, Stream
 
 from ..models import Conversation, Message, Submission

@@ -9,9 +9,9 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q
 
-from recovery.fibers import conversation_busy
+from recovery.lease.fibers import conversation_busy
 from recovery.models import ACTIVE_STATUSES, Alarm, Fiber, Incident, Stream
-from recovery.stream import stream_chunks
+from recovery.stream.buffer import stream_chunks
 
 from ..models import Compaction, Conversation, Message
 from .folding import MessageAccumulator, fold_bodies

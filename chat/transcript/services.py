@@ -14,9 +14,9 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from recovery.exceptions import LeaseLost
-from recovery.fibers import fibers_fence_out
+from recovery.lease.fibers import fibers_fence_out
 from recovery.models import Fiber, Stream
-from recovery.rows import prepared, row_insert
+from recovery.process.rows import prepared, row_insert
 
 from ..models import Compaction, Conversation, Message
 from .selectors import conversation_get
@@ -34,7 +34,7 @@ def conversation_get_or_create(*, agent: str, name: str, owner: str = "") -> Con
 
 
 def conversation_insert(*, agent: str, name: str, owner: str) -> Conversation | None:
-    """A new conversation (agent, name) of `owner`, in one statement (recovery.rows: the ORM's
+    """A new conversation (agent, name) of `owner`, in one statement (recovery.process.rows: the ORM's
     get_or_create was four, issue 37); None when it exists already."""
     conversation = Conversation(agent=agent, name=name, owner=owner)
     created = row_insert(conversation, conflict="ON CONFLICT (agent, name) DO NOTHING")

@@ -3,7 +3,7 @@
 A fiber's snapshot is one JSON value in Postgres: `{"chat": <the turn>, "user": <stash>, "reattach":
 <provider cursor>, "trace": <trace context>}`. The chat app writes it whole when it creates the fiber, so
 that even a turn that dies before its first chunk can be recovered; while the turn runs, the recovery
-layer patches only its three slots in SQL (`recovery.fibers.STASH_SLOT`, `CURSOR_SLOT`, `TRACE_SLOT`).
+layer patches only its three slots in SQL (`recovery.lease.fibers.STASH_SLOT`, `CURSOR_SLOT`, `TRACE_SLOT`).
 This module is the one owner of the keys: everyone else reads and writes a snapshot through
 `TurnSnapshot` and `FiberSnapshot`.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import models
 
-from recovery.fibers import CURSOR_SLOT, STASH_SLOT, TRACE_SLOT
+from recovery.lease.fibers import CURSOR_SLOT, STASH_SLOT, TRACE_SLOT
 
 
 class TurnKind(models.TextChoices):

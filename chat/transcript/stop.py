@@ -16,11 +16,11 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from recovery.alarms import alarms_cancel
-from recovery.fibers import StoppedFiber, fibers_stop
-from recovery.incident_store import incidents_cancel
+from recovery.engine.alarms import alarms_cancel
+from recovery.engine.store import incidents_cancel
+from recovery.lease.fibers import StoppedFiber, fibers_stop
 from recovery.models import Fiber, Stream
-from recovery.stream import stream_close
+from recovery.stream.buffer import stream_close
 
 from ..models import Message, Submission
 from .completions import Ending, completion_record, root_of

@@ -16,11 +16,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from recovery import diagnostics
-from recovery.alarms import alarm_claim, alarm_schedule
+from recovery.engine.alarms import alarm_claim, alarm_schedule
 from recovery.models import ACTIVE_STATUSES, Fiber
-from recovery.runtime import db
-from recovery.tasks import fire_alarm
+from recovery.observe import diagnostics
+from recovery.process import dispatch
+from recovery.process.runtime import db
 
 from ..exceptions import ConversationBusy, SubmissionConflict, SubmissionNotFound
 from ..models import Conversation, Submission
@@ -57,7 +57,7 @@ def _schedule_drain(conversation_id: int) -> None:
 
     def fire() -> None:  # due now: fire at once, the row stays the durable copy
         if alarm_claim(alarm_id=alarm.pk):
-            fire_alarm.delay(alarm.pk)
+            dispatch.fire_later(alarm.pk)
 
     transaction.on_commit(fire)
 

@@ -21,16 +21,16 @@ from celery import current_app
 from django.db import connection, transaction
 from django.utils import timezone
 
-from recovery.fibers import (
+from recovery.engine.store import incident_cancelled, incident_mark_running
+from recovery.lease.fibers import (
     conversation_busy,
     fiber_create,
     fiber_request_cancel,
     fibers_supersede_pending,
     next_pending_fiber,
 )
-from recovery.incident_store import incident_cancelled, incident_mark_running
 from recovery.models import ACTIVE_STATUSES, Fiber
-from recovery.runtime import db
+from recovery.process.runtime import db
 
 from ..conf import frame_limits, think_setting
 from ..exceptions import ConversationBusy, FileRefused, ProtocolError
@@ -516,7 +516,7 @@ def turn_start_followup(
         root_request_id=root_request_id or None,
         incident_id=incident_id,
     ).replace(owner_channel=owner_channel, recovery_trace=recovery_trace)
-    # The cursor goes where the turn's own segment writes keep it (recovery.stream).
+    # The cursor goes where the turn's own segment writes keep it (recovery.stream.buffer).
     stored = snapshot.envelope(cursor=reattach)
     fiber = fiber_create(conversation_id=conversation.pk, request_id=request_id, kind=kind, snapshot=stored)
     conversation_id = conversation.pk

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import connection
 
-from recovery.encoding import dumps
+from recovery.stream.encoding import dumps
 
 from ..conf import think_setting
 from ..models import Message

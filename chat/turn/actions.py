@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from recovery import diagnostics, runtime
-from recovery.runtime import db
+from recovery.observe import diagnostics
+from recovery.process import runtime
+from recovery.process.runtime import db
 
 from ..models import Conversation
 from ..transcript.branches import branch_switch

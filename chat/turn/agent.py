@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.checks import CheckMessage
 
-from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
-from recovery.fibers import fiber_stash
-from recovery.incidents import ChatRecovery, ExhaustedContext, ProgressContext, resolve_chat_recovery
-from recovery.runtime import db, maybe_await
+from recovery.budget.incidents import ChatRecovery, ExhaustedContext, ProgressContext, resolve_chat_recovery
+from recovery.engine.context import ChatRecoveryContext, ChatRecoveryOptions
+from recovery.lease.fibers import fiber_stash
+from recovery.process.runtime import db, maybe_await
 
 from ..conf import default_model
 from ..transcript.repair import default_repair

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error
 
-from recovery.incidents import ChatRecovery
+from recovery.budget.incidents import ChatRecovery
 
 from .agent import MESSAGE_CONCURRENCY_POLICIES, Think, plain_attribute
 from .mcp import MCPServer

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from recovery.stream import ChunkPolicy
+from recovery.stream.buffer import ChunkPolicy
 
 from .llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
 
@@ -213,7 +213,7 @@ class UIChunker:
         return [finish]
 
 
-# -- what the chunks mean to the durable stream buffer (recovery.stream.ChunkPolicy) -------------------
+# -- what the chunks mean to the durable stream buffer (recovery.stream.buffer.ChunkPolicy) ---------
 
 SETTLED_TOOL_CHUNKS = frozenset({"tool-output-available", "tool-output-error", "tool-output-denied"})
 _COALESCED = {

@@ -13,13 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
-from recovery import diagnostics, runtime
-from recovery import engine as recovery_engine
-from recovery.alarms import alarm_schedule
-from recovery.exceptions import OperationRefused
-from recovery.fibers import fiber_request_cancel
-from recovery.incident_store import incident_cancelled, incident_get, incident_save, incident_set_status
-from recovery.incidents import (
+from recovery.budget.incidents import (
     SCHEDULE_STABLE_TIMEOUT,
     STABLE_RETRY_DELAY_S,
     ChatRecovery,
@@ -27,10 +21,17 @@ from recovery.incidents import (
     reschedule_after_stable_timeout,
     schedule_is_idempotent,
 )
+from recovery.engine import spine as recovery_engine
+from recovery.engine.alarms import alarm_schedule
+from recovery.engine.store import incident_cancelled, incident_get, incident_save, incident_set_status
+from recovery.engine.targets import recovery_target
+from recovery.exceptions import OperationRefused
+from recovery.lease.fibers import fiber_request_cancel
 from recovery.models import Alarm, Fiber
 from recovery.models import Incident as IncidentRow
-from recovery.runtime import db
-from recovery.targets import recovery_target
+from recovery.observe import diagnostics
+from recovery.process import runtime
+from recovery.process.runtime import db
 
 from ..exceptions import UnknownAgent
 from ..models import Conversation

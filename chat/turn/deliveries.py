@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recovery import runtime
-from recovery.runtime import db
+from recovery.process import runtime
+from recovery.process.runtime import db
 
 from ..exceptions import UnknownAgent
 from ..models import TurnCompletion

@@ -8,7 +8,7 @@ Context-window overflows are "context_overflow" (see `chat.turn.overflow`). Anyt
 request, bad credentials, a bug) is left unclassified and ends the turn at once, as before.
 
 A turn whose error is "rate_limit" or "transient" is handed to recovery (see `chat.turn.runner`), which
-waits a little (`recovery.incidents.transient_wait_s`) and continues it from what was stored.
+waits a little (`recovery.budget.incidents.transient_wait_s`) and continues it from what was stored.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import logging
 import uuid
 from typing import Any
 
-from recovery.faults import fault_record
 from recovery.models import Fault, fault_reference
-from recovery.runtime import db
+from recovery.operations.faults import fault_record
+from recovery.process.runtime import db
 
 from ..exceptions import ResponseFailed
 from . import errors

@@ -1,4 +1,4 @@
-"""How a chat turn recovers: the chat app's recovery target (recovery.targets), registered in
+"""How a chat turn recovers: the chat app's recovery target (recovery.engine.targets), registered in
 chat.apps.
 
 The recovery layer's engine detects an interrupted fiber and spends its budget; this module reads what
@@ -18,16 +18,16 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
 
-from recovery import diagnostics
-from recovery import engine as recovery_engine
-from recovery.context import ChatRecoveryContext, ChatRecoveryOptions
-from recovery.fibers import conversation_busy
-from recovery.incidents import RECOVERING_FLAG_TTL_MS, ChatRecovery, Incident
+from recovery.budget.incidents import RECOVERING_FLAG_TTL_MS, ChatRecovery, Incident
+from recovery.engine import spine as recovery_engine
+from recovery.engine.context import ChatRecoveryContext, ChatRecoveryOptions
+from recovery.engine.targets import RecoveryTarget
+from recovery.lease.fibers import conversation_busy
 from recovery.models import Fiber, Stream
 from recovery.models import Incident as IncidentRow
-from recovery.runtime import db, maybe_await
-from recovery.stream import stream_close
-from recovery.targets import RecoveryTarget
+from recovery.observe import diagnostics
+from recovery.process.runtime import db, maybe_await
+from recovery.stream.buffer import stream_close
 
 from ..models import Conversation
 from ..transcript.completions import Ending, completion_record
@@ -50,7 +50,7 @@ DECLINED_MESSAGE = "The turn was interrupted and automatic continuation was decl
 @dataclass
 class InterruptedTurn:
     """An interrupted chat turn: its fiber, the stream it left, the partial that stream makes, the
-    transcript, and the agent that owns it (recovery.targets.Interrupted)."""
+    transcript, and the agent that owns it (recovery.engine.targets.Interrupted)."""
 
     fiber: Fiber
     conversation: Conversation

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from recovery import diagnostics
-from recovery.runtime import db, maybe_await
+from recovery.observe import diagnostics
+from recovery.process.runtime import db, maybe_await
 
 from ..conf import think_setting
 from ..exceptions import ReattachUnavailable, StreamStalled

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequen
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from recovery import diagnostics
+from recovery.observe import diagnostics
 
 from ..exceptions import ToolError
 from .tools import TOOL_NAME, Tool

@@ -60,7 +60,7 @@ _LITELLM_ONLY = frozenset(
 )
 MAX_ERROR_BODY = 64_000
 
-_pool: Any = None  # the worker loop's aiohttp session (recovery.runtime), kept for the process
+_pool: Any = None  # the worker loop's aiohttp session (recovery.process.runtime), kept for the process
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ async def _session() -> AsyncGenerator[Any, None]:
     """The worker's pool (its loop lives as long as the process, and so do its connections); any other
     loop (an `AgentHandle.chat()` caller's, a test's) gets a session of its own for the call."""
     global _pool
-    from recovery.runtime import owns_running_loop
+    from recovery.process.runtime import owns_running_loop
 
     if owns_running_loop():
         if _pool is None or _pool.closed:

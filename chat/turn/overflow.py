@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from recovery import diagnostics
+from recovery.observe import diagnostics
 
 from ..wire import broadcast
 

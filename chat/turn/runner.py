@@ -15,10 +15,10 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from recovery import control, diagnostics, liveness
-from recovery.engine import recover_fiber
+from recovery.engine.spine import arecover_fiber
 from recovery.exceptions import LeaseLost
-from recovery.fibers import (
+from recovery.lease import control, liveness
+from recovery.lease.fibers import (
     Claim,
     fiber_claim,
     fiber_interrupt,
@@ -26,10 +26,11 @@ from recovery.fibers import (
     fiber_spend_add,
     worker_identity,
 )
-from recovery.flusher import flusher
 from recovery.models import Fiber, Stream
-from recovery.runtime import DATABASE_LOST, db, maybe_await
-from recovery.stream import StreamWriter, stream_close, stream_open
+from recovery.observe import diagnostics
+from recovery.process.runtime import DATABASE_LOST, db, maybe_await
+from recovery.stream.buffer import StreamWriter, stream_close, stream_open
+from recovery.stream.flusher import flusher
 
 from ..conf import think_setting
 from ..exceptions import StreamStalled
@@ -70,7 +71,7 @@ async def turn_run(fiber_id: str, *, on_chunk: ChunkCallback | None = None) -> T
     # Listening before the claim: a cancel can only be signalled once the claim has committed.
     control.watch(fiber_id, lambda: loop.call_soon_threadsafe(signal.fire))
     try:
-        # The claim records this process's liveness key while it holds its session (recovery.liveness);
+        # The claim records this process's liveness key while it holds its session (recovery.lease.liveness);
         # right after start-up it waits an instant for it, so the turn is watched by both detectors.
         await liveness.wait_held(LIVENESS_WAIT_S)
         claim = await db(
@@ -579,7 +580,7 @@ class TurnRunner:
         except LeaseLost:
             return
         if await db(fiber_interrupt, fiber_id=self.claim.fiber_id, fencing=self.claim.fencing, reason=reason):
-            await recover_fiber(self.claim.fiber_id, retry_after_s=retry_after_s)
+            await arecover_fiber(self.claim.fiber_id, retry_after_s=retry_after_s)
 
 
 async def _mcp_servers(agent: Think) -> list[MCPServer]:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recovery.runtime import db, maybe_await
+from recovery.process.runtime import db, maybe_await
 
 from ..models import Compaction
 from ..transcript.compaction import (

@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from recovery.runtime import maybe_await
+from recovery.process.runtime import maybe_await
 
 from ..exceptions import ToolError, ToolSchemaError
 from ..transcript.folding import tool_name_of

@@ -1,5 +1,6 @@
 """The spans of a chat turn: one per run of a turn on a worker, one per model step, one per tool call;
-never one per chunk. The optional import, and the span of a recovery attempt, are recovery.tracing's.
+never one per chunk. The optional import, and the span of a recovery attempt, are
+recovery.observe.tracing's.
 
 A recovered turn is in the trace of the turn it recovers: its span is a child of the recovery attempt
 that started it (itself a child of the interrupted run), with a link to that run. So one trace shows the
@@ -17,16 +18,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from recovery import tracing
-from recovery.fibers import fiber_trace_record
-from recovery.runtime import db
+from recovery.lease.fibers import fiber_trace_record
+from recovery.observe import tracing
+from recovery.process.runtime import db
 
 from ..transcript.snapshot import FiberSnapshot
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from recovery.targets import Interrupted
+    from recovery.engine.targets import Interrupted
 
     from .llm import Usage
     from .runner import TurnRunner

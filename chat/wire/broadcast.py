@@ -14,8 +14,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
-from recovery.fibers import conversation_busy
-from recovery.runtime import db
+from recovery.lease.fibers import conversation_busy
+from recovery.process.runtime import db
 
 from ..conf import think_setting
 from ..transcript.window import transcript_frame

@@ -19,7 +19,7 @@ from typing import Any
 from django.db.models import Q
 
 from recovery.models import Fiber, Stream
-from recovery.stream import stream_chunks
+from recovery.stream.buffer import stream_chunks
 
 from ..models import Conversation, TurnCompletion
 from ..transcript.completions import root_of

@@ -20,9 +20,9 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from recovery.fibers import conversation_busy
-from recovery.metrics import STREAM_FILLS
-from recovery.stream import stream_chunks
+from recovery.lease.fibers import conversation_busy
+from recovery.observe.metrics import STREAM_FILLS
+from recovery.stream.buffer import stream_chunks
 
 from ..access import Credentials, access_policy, conversation_open_as
 from ..conf import frame_limits, think_setting

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recovery.encoding import dumps
+from recovery.stream.encoding import dumps
 
 from ..exceptions import AnswerRefused, LimitExceeded, ProtocolError
 

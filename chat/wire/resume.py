@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from recovery.models import Fiber, Stream
-from recovery.stream import stream_chunks, stream_close, stream_last_seq
+from recovery.stream.buffer import stream_chunks, stream_close, stream_last_seq
 
 from ..models import Conversation, Message
 from ..transcript.folding import message_chunks

@@ -24,10 +24,10 @@ from chat.transcript.window import transcript_window
 from chat.turn.runner import turn_run
 from chat.wire import protocol as p
 from chat.wire.protocol import ChatRequest
-from recovery.alarms import fire_alarm
-from recovery.engine import recover_fiber
+from recovery.engine.alarms import afire_alarm
+from recovery.engine.spine import arecover_fiber
 from recovery.models import Fiber
-from recovery.runtime import db
+from recovery.process.runtime import db
 from tests.inprocess import stored_text, take_released
 from tests.support import TEST_PRINCIPAL
 
@@ -190,10 +190,10 @@ async def test_a_regeneration_killed_mid_stream_is_recovered_on_its_own_branch(
     with pytest.raises(ConversationBusy):  # nobody switches the branch under a recovering turn
         await db(branch_switch, conversation_id=cid, anchor_message_id="u1", index=0)
 
-    await recover_fiber(accepted.fiber_id)
+    await arecover_fiber(accepted.fiber_id)
     [alarm_id] = quiet_broker["alarms"]
     sent = len(quiet_broker["turns"])  # the accepted turns were "sent" too (and run here)
-    await fire_alarm(alarm_id)
+    await afire_alarm(alarm_id)
     [continuation] = quiet_broker["turns"][sent:]
     runner = await turn_run(str(continuation))
     assert runner is not None and runner.outcome == "completed"

@@ -12,7 +12,7 @@ from chat.transcript.finish import TurnOutcome, turn_finish
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
 from chat.wire.protocol import ChatRequest
-from recovery.fibers import fiber_claim
+from recovery.lease.fibers import fiber_claim
 from recovery.models import Fiber, Stream
 
 pytestmark = pytest.mark.django_db

@@ -19,8 +19,8 @@ from django.urls import reverse
 
 from chat.agents import open_agent
 from chat.turn.runner import turn_run
-from recovery.alarms import fire_alarm
-from recovery.engine import recover_fiber
+from recovery.engine.alarms import afire_alarm
+from recovery.engine.spine import arecover_fiber
 from recovery.models import Incident
 from tests.inprocess import interrupted_turn
 from tests.support import TEST_PRINCIPAL
@@ -50,12 +50,12 @@ async def test_an_incident_reads_running_while_its_continuation_goes_and_stays_c
     agent = await sync_to_async(open_agent)("assistant", name, owner=TEST_PRINCIPAL)
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
 
-    await recover_fiber(interrupted.pk)
+    await arecover_fiber(interrupted.pk)
     incident = await Incident.objects.aget(conversation_id=agent.conversation_id)
     assert await status_of(incident) == ("scheduled", "")
 
     [alarm_id] = quiet_broker["alarms"]
-    await fire_alarm(alarm_id)
+    await afire_alarm(alarm_id)
     [fiber_id] = quiet_broker["turns"]  # the continuation is queued, not yet run
     assert await status_of(incident) == ("running", "")
     assert incident.incident_id in await sync_to_async(admin_listing)(status__exact="running")

@@ -23,7 +23,7 @@ from chat.wire import protocol as p
 from chat.wire.limits import TokenBucket, frame_bucket
 from chat.wire.protocol import ChatRequest
 from recovery.checks import check_recovery_settings
-from recovery.fibers import fiber_create
+from recovery.lease.fibers import fiber_create
 from recovery.models import Fiber
 from tests.chat.sockets import chat_response, connected, new_name, probe, seed_conversation, stored_state
 

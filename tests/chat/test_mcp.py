@@ -22,7 +22,7 @@ from chat.turn.chunking import UIChunker
 from chat.turn.llm import StepFinish, ToolCallDelta
 from chat.turn.mcp import MCPToolbox, call_output, mcp_server_list, tool_from_listing
 from chat.turn.tools import Tool, Toolset, approved_call_problem, tool, tool_execute
-from recovery import diagnostics
+from recovery.observe import diagnostics
 from tests.mcp_server import ROOT, calls, served
 from tests.support import free_port
 

@@ -23,7 +23,7 @@ from chat.turn.agent import recovery_config
 from chat.turn.overflow import ChatErrorContext, classify
 from chat.turn.registry import agent_class
 from chat.turn.session import Session
-from recovery.incidents import ExhaustedContext, ProgressContext
+from recovery.budget.incidents import ExhaustedContext, ProgressContext
 
 ERROR_CONTEXT = ChatErrorContext(stage="stream", request_id="r")
 

@@ -12,7 +12,7 @@ from chat.transcript.window import TRUNCATED_KEY
 from chat.turn.chunking import DELTA_PIECE_CHARS, coalesce
 from chat.wire import protocol as p
 from chat.wire.oversize import SEND_LIMIT_BYTES, fit_frame, fits
-from recovery.encoding import dumps
+from recovery.stream.encoding import dumps
 
 
 def delta(text: str, part: str = "t1") -> dict[str, Any]:

@@ -20,7 +20,7 @@ from chat.wire.protocol import (
     ToolResult,
     parse_frame,
 )
-from recovery.encoding import dumps
+from recovery.stream.encoding import dumps
 
 USER_MESSAGE = {"id": "u-1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
 
@@ -756,9 +756,9 @@ CHUNKS = [
 def test_stored_chunks_and_frames_share_one_encoder() -> None:
     """The stream buffer's bodies (the hot path) and the codec's frames are encoded by the same function,
     so the tests below hold for both."""
-    import recovery.stream
+    import recovery.stream.buffer
 
-    assert recovery.stream.dumps is dumps and p.dumps is dumps
+    assert recovery.stream.buffer.dumps is dumps and p.dumps is dumps
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)

@@ -23,7 +23,7 @@ from chat.transcript import turns
 from chat.transcript.finish import TurnOutcome, turn_finish
 from chat.transcript.turns import turn_accept
 from chat.wire.protocol import ChatRequest
-from recovery.fibers import fiber_claim
+from recovery.lease.fibers import fiber_claim
 from recovery.models import Fiber, Stream
 from tests.support import numbers
 

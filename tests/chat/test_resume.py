@@ -19,7 +19,7 @@ from chat.models import Conversation, Message
 from chat.transcript.snapshot import TurnKind, TurnSnapshot
 from chat.wire import layers
 from chat.wire.resume import ack_replay, probe_answer
-from recovery.incidents import RECOVERING_FLAG_TTL_MS
+from recovery.budget.incidents import RECOVERING_FLAG_TTL_MS
 from recovery.models import Fiber, Segment, Stream
 
 pytestmark = pytest.mark.django_db

@@ -13,9 +13,9 @@ import pytest
 
 from chat.models import Conversation
 from chat.transcript.snapshot import FiberSnapshot, TurnKind, TurnSnapshot
-from recovery.fibers import STASH_SLOT, fiber_claim, fiber_create, fiber_stash
+from recovery.lease.fibers import STASH_SLOT, fiber_claim, fiber_create, fiber_stash
 from recovery.models import Fiber
-from recovery.stream import segment_append, stream_open
+from recovery.stream.buffer import segment_append, stream_open
 
 
 def envelope(**changes: Any) -> dict[str, Any]:

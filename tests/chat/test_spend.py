@@ -19,13 +19,13 @@ from asgiref.sync import sync_to_async
 from chat.agents import ModelPrices, Think, open_agent
 from chat.transcript.turns import turn_start_programmatic
 from chat.turn.runner import turn_run
-from recovery import diagnostics
-from recovery.alarms import fire_alarm
-from recovery.engine import recover_fiber
-from recovery.fibers import fiber_spend_add
-from recovery.metrics import MODEL_COST, MODEL_TOKENS
+from recovery.engine.alarms import afire_alarm
+from recovery.engine.spine import arecover_fiber
+from recovery.lease.fibers import fiber_spend_add
 from recovery.models import Fiber, Incident
-from recovery.runtime import db
+from recovery.observe import diagnostics
+from recovery.observe.metrics import MODEL_COST, MODEL_TOKENS
+from recovery.process.runtime import db
 from tests.agents import probe_key, probe_redis
 from tests.inprocess import take_released
 from think_scripted.server import count_prompt_tokens
@@ -106,10 +106,10 @@ async def test_a_recovery_over_its_token_budget_is_given_up_through_the_one_term
         turn_start_programmatic, conversation_id=cid, messages=["count to 300 [rate 50]"], enqueue=False
     )
     first = await interrupt(await Fiber.objects.aget(conversation_id=cid, request_id=started.request_id))
-    await recover_fiber(first.pk)
+    await arecover_fiber(first.pk)
     [alarm_id] = quiet_broker["alarms"]
     sent = len(quiet_broker["turns"])
-    await fire_alarm(alarm_id)
+    await afire_alarm(alarm_id)
     [continuation_id] = quiet_broker["turns"][sent:]
     continuation = await Fiber.objects.aget(pk=continuation_id)
     # The continuation's first step ends (a tool call, say) and the runner records its spend, then dies.
@@ -118,7 +118,7 @@ async def test_a_recovery_over_its_token_budget_is_given_up_through_the_one_term
     await db(fiber_spend_add, **spend_of(await Fiber.objects.aget(pk=continuation.pk), tokens=80))
     await cut_off(running)
     assert await take_released() == [continuation.pk]
-    await recover_fiber(continuation.pk)
+    await arecover_fiber(continuation.pk)
 
     incident = await Incident.objects.aget(conversation_id=cid)
     assert (incident.status, incident.reason, incident.spent_tokens) == (

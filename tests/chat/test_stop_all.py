@@ -30,12 +30,12 @@ from chat.transcript.turns import turn_start_programmatic, turn_start_recovered
 from chat.turn.actions import astop_conversation
 from chat.turn.runner import turn_run
 from chat.wire import protocol as p
-from recovery.alarms import fire_alarm
-from recovery.engine import recover_fiber
-from recovery.fibers import conversation_busy
-from recovery.incident_store import incident_get, incident_save, incident_set_status
+from recovery.engine.alarms import afire_alarm
+from recovery.engine.spine import arecover_fiber
+from recovery.engine.store import incident_get, incident_save, incident_set_status
+from recovery.lease.fibers import conversation_busy
 from recovery.models import Alarm, Fiber, Incident, Segment, Stream
-from recovery.runtime import db
+from recovery.process.runtime import db
 from tests.inprocess import interrupted_turn, stored_text
 from tests.support import TEST_PRINCIPAL
 
@@ -160,7 +160,7 @@ def test_a_stop_cancels_queued_turns_submissions_and_every_waiting_tool_call(
     for alarm_id in quiet_broker[
         "alarms"
     ]:  # the drain alarm was claimed at once: it fires, and finds nothing
-        async_to_sync(fire_alarm)(alarm_id)
+        async_to_sync(afire_alarm)(alarm_id)
     assert quiet_broker["turns"] == [] and not Fiber.objects.filter(conversation_id=cid).active().exists()
     assert not conversation_busy(cid)
     assert not agent.has_pending_interaction(), "nothing waits for a human any more"
@@ -178,7 +178,7 @@ async def test_a_stop_before_the_engine_handles_a_killed_turn_leaves_nothing_to_
 
     report = await astop_conversation(agent.conversation_id)
     assert [s.request_id for s in report.streams] == [interrupted.request_id]
-    await recover_fiber(interrupted.pk)  # the tick's hand-over, arriving after the stop
+    await arecover_fiber(interrupted.pk)  # the tick's hand-over, arriving after the stop
 
     assert not await Incident.objects.filter(conversation_id=agent.conversation_id).aexists()
     assert quiet_broker["alarms"] == [] and quiet_broker["turns"] == []
@@ -194,11 +194,11 @@ async def test_a_stop_racing_the_engine_that_loaded_the_killed_turn_leaves_nothi
     """The engine loaded the interrupted fiber, then a stop commits: before the engine opens its
     incident (the fiber is no longer interrupted under the lock: no incident), or just after (the
     incident is cancelled: nothing is scheduled, the recovering flag stays down)."""
-    import recovery.engine
+    import recovery.engine.spine
 
     agent = await sync_to_async(new_agent)()
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    begin = recovery.engine.incident_begin
+    begin = recovery.engine.spine.incident_begin
 
     def racing_begin(**kwargs: Any) -> Any:
         if stop_when == "before_the_incident":
@@ -208,8 +208,8 @@ async def test_a_stop_racing_the_engine_that_loaded_the_killed_turn_leaves_nothi
         conversation_stop(conversation_id=agent.conversation_id)
         return evaluation
 
-    monkeypatch.setattr(recovery.engine, "incident_begin", racing_begin)
-    await recover_fiber(interrupted.pk)
+    monkeypatch.setattr(recovery.engine.spine, "incident_begin", racing_begin)
+    await arecover_fiber(interrupted.pk)
 
     assert quiet_broker["alarms"] == [] and quiet_broker["turns"] == []
     assert not await Alarm.objects.filter(conversation_id=agent.conversation_id).aexists()
@@ -232,7 +232,7 @@ async def test_a_stop_after_the_continuation_was_scheduled_cancels_its_incident_
     and does nothing."""
     agent = await sync_to_async(new_agent)()
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    await recover_fiber(interrupted.pk)
+    await arecover_fiber(interrupted.pk)
     incident = await Incident.objects.aget(conversation_id=agent.conversation_id)
     assert incident.status == "scheduled"
     [alarm_id] = quiet_broker["alarms"]
@@ -240,7 +240,7 @@ async def test_a_stop_after_the_continuation_was_scheduled_cancels_its_incident_
     report = await astop_conversation(agent.conversation_id)
     assert report.incidents == (incident.incident_id,) and report.recovering
 
-    await fire_alarm(alarm_id)  # the claimed alarm fires anyway
+    await afire_alarm(alarm_id)  # the claimed alarm fires anyway
     assert quiet_broker["turns"] == [], "no continuation was started"
     await incident.arefresh_from_db()
     assert (incident.status, incident.reason) == ("cancelled", STOPPED)

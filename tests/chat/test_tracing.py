@@ -1,4 +1,5 @@
-"""OpenTelemetry spans (chat.turn.tracing, recovery.tracing), read from the SDK's in-memory exporter.
+"""OpenTelemetry spans (chat.turn.tracing, recovery.observe.tracing), read from the SDK's in-memory
+exporter.
 
 Turns run in the test process against the scripted model, as Think.chat() runs them. A recovered turn is
 driven in-process through the real path: a turn stopped mid-stream by a worker shutdown, the tick's
@@ -24,15 +25,15 @@ from opentelemetry.trace import StatusCode
 
 import chat.transcript.turns
 import chat.turn.tracing
+import recovery.observe.tracing
 import recovery.tasks
-import recovery.tracing
 from chat.agents import open_agent
 from chat.transcript.snapshot import FiberSnapshot
 from chat.turn.interrupted import CONTINUE_CALLBACK
 from chat.turn.runner import TurnRunner, turn_run
-from recovery.alarms import fire_alarm
-from recovery.engine import recover_fiber
-from recovery.fibers import TRACE_SLOT
+from recovery.engine.alarms import afire_alarm
+from recovery.engine.spine import arecover_fiber
+from recovery.lease.fibers import TRACE_SLOT
 from recovery.models import Alarm, Fiber
 from tests.inprocess import interrupted_turn
 from tests.support import TEST_PRINCIPAL
@@ -52,7 +53,7 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     exported = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exported))
-    monkeypatch.setattr(recovery.tracing, "tracer", provider.get_tracer("tests"))
+    monkeypatch.setattr(recovery.observe.tracing, "tracer", provider.get_tracer("tests"))
     return exported
 
 
@@ -62,14 +63,14 @@ def without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in [n for n in sys.modules if n == "opentelemetry" or n.startswith("opentelemetry.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
-    importlib.reload(recovery.tracing)
+    importlib.reload(recovery.observe.tracing)
     importlib.reload(chat.turn.tracing)
-    assert recovery.tracing.trace is None
+    assert recovery.observe.tracing.trace is None
     yield
     monkeypatch.undo()
-    importlib.reload(recovery.tracing)
+    importlib.reload(recovery.observe.tracing)
     importlib.reload(chat.turn.tracing)
-    assert recovery.tracing.trace is not None
+    assert recovery.observe.tracing.trace is not None
 
 
 def named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
@@ -191,11 +192,11 @@ class Recovered:
 async def recover(agent: Any, sent: dict[str, list[Any]]) -> Recovered:
     """A turn interrupted at "1 2 3" of six, recovered: the engine, its continue alarm, the continuation."""
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    await recover_fiber(interrupted.pk)  # as think.recover_fiber runs it, outside the dead turn's context
+    await arecover_fiber(interrupted.pk)  # as think.recover_fiber runs it, outside the dead turn's context
     [alarm_id] = sent["alarms"]
     alarm = await Alarm.objects.aget(pk=alarm_id)
     assert alarm.callback == CONTINUE_CALLBACK
-    await fire_alarm(alarm_id)
+    await afire_alarm(alarm_id)
     [fiber_id] = sent["turns"]
     runner = await turn_run(str(fiber_id))
     assert runner is not None and runner.outcome == "completed"
@@ -262,7 +263,7 @@ async def test_a_declined_recovery_attempt_says_so(
     name = f"nocontinue-{uuid.uuid4().hex[:8]}"
     agent = await sync_to_async(open_agent)("recovery-probe", name, owner=TEST_PRINCIPAL)
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    await recover_fiber(interrupted.pk)
+    await arecover_fiber(interrupted.pk)
     assert quiet_broker["alarms"] == []
     [attempt] = named(exporter.get_finished_spans(), "think.recovery.attempt")
     assert attempt.attributes is not None

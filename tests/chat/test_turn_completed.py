@@ -27,10 +27,10 @@ from chat.turn.actions import astop_conversation
 from chat.turn.continuation import give_up_now
 from chat.turn.registry import agent_class
 from chat.turn.runner import turn_run
-from recovery.alarms import fire_alarm
-from recovery.engine import recover_fiber
+from recovery.engine.alarms import afire_alarm
+from recovery.engine.spine import arecover_fiber
 from recovery.models import Fiber, Incident
-from recovery.runtime import db
+from recovery.process.runtime import db
 from tests.agents import completions_seen
 from tests.inprocess import interrupted_turn
 from tests.support import TEST_PRINCIPAL, wait_until
@@ -89,9 +89,9 @@ async def test_a_recovered_turn_is_reported_once_under_its_own_request_id_with_t
 ) -> None:
     agent = await sync_to_async(new_agent)()
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    await recover_fiber(interrupted.pk)
+    await arecover_fiber(interrupted.pk)
     [alarm_id] = quiet_broker["alarms"]
-    await fire_alarm(alarm_id)
+    await afire_alarm(alarm_id)
     [continuation] = quiet_broker["turns"]
     runner = await turn_run(str(continuation))
     assert runner is not None and runner.outcome == "completed"
@@ -127,7 +127,7 @@ async def test_a_given_up_turn_is_reported_exhausted_with_the_terminal_message(
 ) -> None:
     agent = await sync_to_async(new_agent)()
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    await recover_fiber(interrupted.pk)
+    await arecover_fiber(interrupted.pk)
     incident = await Incident.objects.aget(conversation_id=agent.conversation_id)
     await asyncio.to_thread(give_up_now, incident, reason="forced")
 

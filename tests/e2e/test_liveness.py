@@ -1,4 +1,4 @@
-"""The session detector with real worker processes (recovery.liveness): a killed worker's turn is
+"""The session detector with real worker processes (recovery.lease.liveness): a killed worker's turn is
 taken over by its lost session long before its lease could lapse, and a live worker never loses a turn
 to it: not in a pause, not behind a slow provider, not when its own session is cut and comes back."""
 

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 
 from chat.agents import open_agent
 from chat.models import Compaction, Message
-from recovery import diagnostics
+from recovery.observe import diagnostics
 from tests.agents import probe_key, probe_redis
 from tests.support import FILLER, TEST_PRINCIPAL, ChatClient, chat_request, numbers, seed, user_message
 

@@ -13,7 +13,7 @@ from chat.agents import Think, open_agent
 from chat.exceptions import ConversationBusy
 from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber, Stream
-from recovery.stream import stream_chunks
+from recovery.stream.buffer import stream_chunks
 from tests.support import TEST_PRINCIPAL, ChatClient, assistant_text, chat_request, numbers, user_message
 
 pytestmark = [

@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.models import Conversation
-from recovery.fibers import fiber_request_cancel
+from recovery.lease.fibers import fiber_request_cancel
 from recovery.models import Fiber, Segment
 from tests.support import (
     ChatClient,

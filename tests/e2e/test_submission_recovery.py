@@ -27,9 +27,9 @@ def test_an_in_flight_submission_is_continued_to_completion(
 ) -> None:
     # This process would hand the drain to the default queue, where the shared stack's worker (not the
     # one this test kills) would run the turn: leave the drain to the recovery stack's sweep instead.
-    from recovery import tasks
+    from recovery.process import dispatch
 
-    monkeypatch.setattr(tasks.fire_alarm, "delay", lambda *args, **kwargs: None)
+    monkeypatch.setattr(dispatch, "fire_later", lambda alarm_id: None)
     worker = recovery_stack.start_worker()
     agent = open_agent("assistant", f"sr-{uuid.uuid4().hex[:8]}", owner=TEST_PRINCIPAL)
     result = agent.submit_messages(["count to 200 [rate 25]"])

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlparse
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from recovery.schedules import beat_schedule
+from recovery.engine.schedules import beat_schedule
 
 # As in tests/settings.py: a pytest-xdist runner's name is part of the run id.
 RUN_ID = os.environ.setdefault("THINK_TEST_RUN_ID", uuid.uuid4().hex[:8]) + os.environ.get(
@@ -113,7 +113,7 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = f"{REDIS_BASE}/14"
-CELERY_BROKER_TRANSPORT = "recovery.broker:Transport"  # workers survive a broker restart mid-turn
+CELERY_BROKER_TRANSPORT = "recovery.process.broker:Transport"  # workers survive a broker restart mid-turn
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = f"thinkhost-{RUN_ID}"
 CELERY_TASK_IGNORE_RESULT = True

@@ -17,11 +17,12 @@ from django.utils import timezone
 
 import recovery.tasks
 from chat.models import Conversation
-from recovery import liveness
 from recovery.checks import check_recovery_settings
-from recovery.detection import tick_claim
-from recovery.fibers import RECOVERY_OWNER
+from recovery.engine.detection import tick_claim
+from recovery.lease import liveness
+from recovery.lease.fibers import RECOVERY_OWNER
 from recovery.models import Fiber
+from recovery.process import dispatch
 
 BOUND = 40
 FIBERS = 300
@@ -29,15 +30,9 @@ FIBERS = 300
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The fibers handed to the engine (recover_fiber.delay), recorded instead of sent to the broker."""
+    """The fibers handed to the engine (dispatch.recover_later), recorded instead of sent to the broker."""
     handed: list[str] = []
-
-    class RecoverFiber:
-        @staticmethod
-        def delay(fiber_id: str) -> None:
-            handed.append(fiber_id)
-
-    monkeypatch.setattr(recovery.tasks, "recover_fiber", RecoverFiber)
+    monkeypatch.setattr(dispatch, "recover_later", handed.append)
     return handed
 
 

@@ -1,6 +1,7 @@
 """The operator commands (think_recover, think_sweep, think_incidents, think_prune) through call_command.
 
-They are thin over recovery.operations (tested in test_operations.py): here, parsing, output and errors.
+They are thin over recovery.operations.actions (tested in test_operations.py): here, parsing, output
+and errors.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cancel signal (recovery.control): a cancel committed in Postgres reaches a listening process."""
+"""The cancel signal (recovery.lease.control): a cancel committed in Postgres reaches a listening process."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from recovery import control
 from recovery.checks import check_recovery_settings
-from recovery.fibers import fiber_claim, fiber_request_cancel
+from recovery.lease import control
+from recovery.lease.fibers import fiber_claim, fiber_request_cancel
 from tests.recovery.test_engine_store import make_conversation, make_fiber
 
 

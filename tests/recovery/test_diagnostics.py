@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from django.dispatch import Signal
 
-from recovery import diagnostics, signals
+from recovery import signals
+from recovery.observe import diagnostics
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Database-level tests of the recovery persistence and the recovery engine.
 
 Covers the incident store, durable alarms, detection (the beat tick), the fenced stream writes, the
-recovery state the engine reads, and `recover_fiber` end to end against Postgres. Each test builds
+recovery state the engine reads, and `arecover_fiber` end to end against Postgres. Each test builds
 its rows through the real services (`fiber_claim`, `stream_open`, `segment_append`, `tick_claim`),
 so what is set up is what a crashed worker would really leave behind.
 
@@ -26,7 +26,6 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-import recovery.tasks
 from chat.agents import ChatRecovery, ChatRecoveryContext, ChatRecoveryOptions, Think
 from chat.models import Conversation, Message
 from chat.transcript.selectors import messages_list
@@ -42,18 +41,32 @@ from chat.turn.interrupted import (
     orphan_persist,
 )
 from chat.turn.runner import CLAIM_FIELDS
-from recovery.alarms import (
+from recovery.budget.incidents import (
+    DEFAULT_TERMINAL_MESSAGE,
+    INCIDENT_DEBOUNCE_MS,
+    INCIDENT_TTL_MS,
+    ExhaustedContext,
+    Incident,
+)
+from recovery.engine.alarms import (
     ALARM_CLAIM_TTL,
     alarm_done,
     alarm_retry_later,
     alarm_schedule,
     alarms_claim_due,
 )
-from recovery.detection import tick_claim
-from recovery.encoding import dumps as encode_chunk
-from recovery.engine import recover_fiber
+from recovery.engine.detection import tick_claim
+from recovery.engine.spine import arecover_fiber
+from recovery.engine.store import (
+    incident_begin,
+    incident_get,
+    incident_mark_running,
+    incident_save,
+    incident_set_status,
+    incidents_expire,
+)
 from recovery.exceptions import LeaseLost
-from recovery.fibers import (
+from recovery.lease.fibers import (
     HANDLING_TTL,
     RECOVERY_OWNER,
     STASH_SLOT,
@@ -65,25 +78,12 @@ from recovery.fibers import (
     fiber_request_cancel,
     lease_ttl,
 )
-from recovery.incident_store import (
-    incident_begin,
-    incident_get,
-    incident_mark_running,
-    incident_save,
-    incident_set_status,
-    incidents_expire,
-)
-from recovery.incidents import (
-    DEFAULT_TERMINAL_MESSAGE,
-    INCIDENT_DEBOUNCE_MS,
-    INCIDENT_TTL_MS,
-    ExhaustedContext,
-    Incident,
-)
 from recovery.models import Alarm, Fiber, Segment, Stream
 from recovery.models import Incident as IncidentRow
-from recovery.runtime import db
-from recovery.stream import segment_append, stream_chunks, stream_open
+from recovery.process import dispatch
+from recovery.process.runtime import db
+from recovery.stream.buffer import segment_append, stream_chunks, stream_open
+from recovery.stream.encoding import dumps as encode_chunk
 from tests.operator_support import terminate_new_backends
 from tests.support import row_locked_elsewhere
 
@@ -1055,7 +1055,7 @@ def test_a_recovering_flag_older_than_fifteen_minutes_counts_as_absent() -> None
 
 
 # --------------------------------------------------------------------------------------------------------
-# 6. The engine: recover_fiber end to end (async, real DB threads, real channel layer)
+# 6. The engine: arecover_fiber end to end (async, real DB threads, real channel layer)
 # --------------------------------------------------------------------------------------------------------
 
 HOOK_CALLS: list[tuple[str, ChatRecoveryContext]] = []
@@ -1139,19 +1139,11 @@ engine_db = pytest.mark.django_db(transaction=True)
 FIRED: list[Any] = []
 
 
-class FireAlarmStub:
-    """Stands in for the Celery task the engine may hand a due alarm to; no broker message is sent."""
-
-    @staticmethod
-    def delay(alarm_id: Any) -> None:
-        FIRED.append(alarm_id)
-
-
 @pytest.fixture
 def probes(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     registered = {name: f"{__name__}.{cls.__name__}" for name, cls in PROBES.items()}
     settings.THINK = {**settings.THINK, "AGENTS": {**settings.THINK["AGENTS"], **registered}}
-    monkeypatch.setattr(recovery.tasks, "fire_alarm", FireAlarmStub)
+    monkeypatch.setattr(dispatch, "fire_later", FIRED.append)  # the engine may fire a due alarm at once
     for recorded in (HOOK_CALLS, EXHAUSTED, FIRED):
         recorded.clear()
     yield
@@ -1216,7 +1208,7 @@ def hook_contexts() -> list[ChatRecoveryContext]:
 
 def the_queued_alarm(state: DbState, callback: str) -> Alarm:
     """Exactly one idempotent alarm for the callback, due now: still pending for the tick, or already
-    claimed and handed to fire_alarm exactly once (the engine may fire a due alarm at once)."""
+    claimed and handed to the fire_alarm task exactly once (the engine may fire a due alarm at once)."""
     [alarm] = state.alarms
     assert alarm.callback == callback
     assert alarm.idempotency_key is not None
@@ -1232,7 +1224,7 @@ def the_queued_alarm(state: DbState, callback: str) -> Alarm:
 async def test_recover_fiber_schedules_a_retry_for_an_interrupted_pre_stream_turn(probes: None) -> None:
     turn = await db(interrupted_turn, agent="engine-probe", last_body={"temperature": 0})
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     incident = state.incident
@@ -1257,7 +1249,7 @@ async def test_recover_fiber_schedules_a_retry_for_an_interrupted_pre_stream_tur
 async def test_recover_fiber_hands_the_hook_the_full_context(probes: None) -> None:
     turn = await db(interrupted_turn, agent="engine-probe", chunks=PARTIAL_TEXT, stash={"step": 2})
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     [(probe, ctx)] = HOOK_CALLS
     assert probe == "EngineProbe"
@@ -1280,7 +1272,7 @@ async def test_recover_fiber_hands_the_hook_the_full_context(probes: None) -> No
 async def test_recover_fiber_retries_an_opened_but_empty_stream(probes: None) -> None:
     turn = await db(interrupted_turn, agent="engine-probe", chunks=[START, START_STEP])
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert the_queued_alarm(state, RETRY_CALLBACK).payload["targetUserId"] == turn.user_id
@@ -1293,7 +1285,7 @@ async def test_recover_fiber_retries_an_opened_but_empty_stream(probes: None) ->
 async def test_recover_fiber_persists_the_partial_and_schedules_a_continue(probes: None) -> None:
     turn = await db(interrupted_turn, agent="engine-probe", chunks=PARTIAL_TEXT)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert [m["id"] for m in state.messages] == [turn.user_id, "a-stream"]
@@ -1317,11 +1309,11 @@ async def test_recover_fiber_again_within_the_debounce_spends_no_attempt_and_add
     probes: None,
 ) -> None:
     turn = await db(interrupted_turn, agent="engine-probe")
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
     first = await db(db_state, turn)
 
     await db(re_interrupt, turn)
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert (state.incident.attempt, state.incident.status) == (1, "scheduled")
@@ -1337,11 +1329,11 @@ async def test_recover_fiber_again_after_the_debounce_spends_an_attempt_but_keep
     probes: None,
 ) -> None:
     turn = await db(interrupted_turn, agent="engine-probe")
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     await db(age_incident, turn, by_ms=INCIDENT_DEBOUNCE_MS + 1_000)
     await db(re_interrupt, turn)
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert state.incident.attempt == 2
@@ -1371,7 +1363,7 @@ async def test_recover_fiber_with_an_exhausted_budget_gives_up_without_calling_t
     turn = await db(interrupted_turn, agent="one-shot-probe", chunks=PARTIAL_TEXT)
     await db(seed_spent_incident, turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert state.alarms == [] and FIRED == []
@@ -1407,7 +1399,7 @@ async def test_a_throwing_on_exhausted_is_swallowed_and_the_terminal_is_still_re
     turn = await db(interrupted_turn, agent="one-shot-exploding-probe")
     await db(seed_spent_incident, turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert len(EXHAUSTED) == 1
@@ -1425,7 +1417,7 @@ async def test_a_raising_on_chat_recovery_marks_the_incident_failed_and_re_raise
     turn = await db(interrupted_turn, agent="failing-probe", chunks=PARTIAL_TEXT)
 
     with pytest.raises(RuntimeError, match=HOOK_ERROR):
-        await recover_fiber(turn.fiber_id)
+        await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert (state.incident.status, state.incident.reason) == ("failed", HOOK_ERROR)
@@ -1441,7 +1433,7 @@ async def test_a_raising_on_chat_recovery_marks_the_incident_failed_and_re_raise
 async def test_persist_false_drops_the_partial_text_but_still_continues(probes: None) -> None:
     turn = await db(interrupted_turn, agent="discarding-probe", chunks=PARTIAL_TEXT)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert [m["id"] for m in state.messages] == [turn.user_id]
@@ -1454,7 +1446,7 @@ async def test_persist_false_drops_the_partial_text_but_still_continues(probes: 
 async def test_persist_false_still_keeps_settled_tool_results(probes: None) -> None:
     turn = await db(interrupted_turn, agent="discarding-probe", chunks=SETTLED_TOOL)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert [m["id"] for m in state.messages] == [turn.user_id, "a-stream"]
@@ -1467,7 +1459,7 @@ async def test_persist_false_still_keeps_settled_tool_results(probes: None) -> N
 async def test_continue_false_skips_the_incident_and_records_the_declined_terminal(probes: None) -> None:
     turn = await db(interrupted_turn, agent="declining-probe", chunks=PARTIAL_TEXT)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert state.alarms == [] and FIRED == []
@@ -1483,7 +1475,7 @@ async def test_continue_false_skips_the_incident_and_records_the_declined_termin
 async def test_a_terminal_stream_is_skipped_and_nothing_is_scheduled(probes: None) -> None:
     turn = await db(interrupted_turn, agent="engine-probe", chunks=PARTIAL_TEXT, stream_status="completed")
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert state.alarms == [] and FIRED == []
@@ -1501,7 +1493,7 @@ async def test_a_terminal_stream_is_skipped_and_nothing_is_scheduled(probes: Non
 async def test_a_sync_hook_returning_none_gets_the_default_options(probes: None) -> None:
     turn = await db(interrupted_turn, agent="sync-probe", chunks=PARTIAL_TEXT)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert [name for name, _ in HOOK_CALLS] == ["SyncProbe"]
@@ -1513,7 +1505,7 @@ async def test_a_sync_hook_returning_none_gets_the_default_options(probes: None)
 async def test_a_hook_mutating_its_context_cannot_change_the_stored_partial(probes: None) -> None:
     turn = await db(interrupted_turn, agent="parts-mutating-probe", chunks=PARTIAL_TEXT)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert [m["id"] for m in state.messages] == [turn.user_id, "a-stream"]
@@ -1531,7 +1523,7 @@ async def test_recover_fiber_ignores_a_fiber_that_is_not_interrupted(probes: Non
 
     turn = await db(running_turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert (state.incidents, state.alarms, HOOK_CALLS) == ([], [], [])
@@ -1548,7 +1540,7 @@ async def test_a_lost_worker_spends_the_oom_budget_and_recovery_goes_on(probes: 
     turn = await db(interrupted_turn, agent="engine-probe", chunks=PARTIAL_TEXT)
     await db(lose_worker, turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert state.incident.oom_attempts == 1 and state.incident.status == "scheduled"
@@ -1560,7 +1552,7 @@ async def test_a_lost_worker_past_max_oom_retries_seals_the_turn_with_out_of_mem
     turn = await db(interrupted_turn, agent="no-oom-probe", chunks=PARTIAL_TEXT)
     await db(lose_worker, turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert (state.incident.status, state.incident.reason, state.incident.oom_attempts) == (
@@ -1578,7 +1570,7 @@ async def test_a_lost_worker_past_max_oom_retries_seals_the_turn_with_out_of_mem
 async def test_a_silent_death_does_not_count_as_out_of_memory(probes: None) -> None:
     turn = await db(interrupted_turn, agent="no-oom-probe", chunks=PARTIAL_TEXT)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert state.incident.oom_attempts == 0 and state.incident.status == "scheduled"
@@ -1600,7 +1592,7 @@ async def test_a_transient_model_error_is_continued_after_a_wait_by_the_tick(pro
     await db(fail_transiently, turn)
     before = timezone.now()
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     [alarm] = state.alarms
@@ -1619,7 +1611,7 @@ async def test_a_rate_limit_waits_at_least_its_retry_after(probes: None) -> None
     await db(fail_transiently, turn, "rate_limit")
     before = timezone.now()
 
-    await recover_fiber(turn.fiber_id, retry_after_s=20)
+    await arecover_fiber(turn.fiber_id, retry_after_s=20)
 
     [alarm] = (await db(db_state, turn)).alarms
     assert alarm.callback == RETRY_CALLBACK
@@ -1649,7 +1641,7 @@ async def test_a_transient_handoff_is_not_swallowed_by_the_alarm_that_started_th
     await Alarm.objects.filter(pk=running.pk).aupdate(status=Alarm.Status.RUNNING)
     await db(fail_transiently, turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert [a.status for a in state.alarms] == [Alarm.Status.RUNNING, Alarm.Status.PENDING]
@@ -1662,11 +1654,11 @@ async def test_a_transient_model_error_past_the_budget_gives_up_with_the_termina
 ) -> None:
     turn = await db(interrupted_turn, agent="one-shot-probe", chunks=PARTIAL_TEXT)
     await db(fail_transiently, turn)
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
     await db(age_incident, turn, by_ms=INCIDENT_DEBOUNCE_MS + 1)
     await db(re_interrupt, turn)
 
-    await recover_fiber(turn.fiber_id)
+    await arecover_fiber(turn.fiber_id)
 
     state = await db(db_state, turn)
     assert (state.incident.status, state.incident.reason) == ("exhausted", "max_attempts_exceeded")

@@ -15,10 +15,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat.models import Conversation
-from recovery.faults import fault_record
+from recovery.engine.schedules import beat_schedule
 from recovery.models import Fault, fault_reference
-from recovery.retention import faults_sweep
-from recovery.schedules import beat_schedule
+from recovery.operations.faults import fault_record
+from recovery.operations.retention import faults_sweep
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from recovery.fibers import fiber_create, fiber_spend_add
+from recovery.lease.fibers import fiber_create, fiber_spend_add
 from recovery.models import Fiber
 from tests.recovery.test_engine_store import make_conversation, make_fiber
 

@@ -1,4 +1,4 @@
-"""When a turn's chunks are stored, and when the turn waits for it (recovery.stream.StreamWriter.add
+"""When a turn's chunks are stored, and when the turn waits for it (recovery.stream.buffer.StreamWriter.add
 with the process's flusher): a full batch starts a write and the turn reads on; only a backlog of
 full batches, or what must be stored before anything else happens, holds the turn."""
 
@@ -10,8 +10,8 @@ import json
 from django.conf import settings
 from django.test import override_settings
 
-from recovery.flusher import flusher
-from recovery.stream import BACKLOG_BATCHES, ChunkPolicy, StreamWriter
+from recovery.stream.buffer import BACKLOG_BATCHES, ChunkPolicy, StreamWriter
+from recovery.stream.flusher import flusher
 from tests.recovery.test_metrics import HeldPublish, Published, writer
 
 # A regular tick every 10 s: within a test, only a poke can start one.

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from recovery.incidents import (
+from recovery.budget.incidents import (
     DEFAULT_TERMINAL_MESSAGE,
     EXHAUSTION_REASONS,
     INCIDENT_DEBOUNCE_MS,

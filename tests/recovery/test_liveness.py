@@ -1,5 +1,5 @@
-"""The session detector (recovery.liveness, recovery.fibers.fibers_take_orphaned) against real Postgres
-sessions: a fiber is taken over once the process that owns it has lost its session, and never while
+"""The session detector (recovery.lease.liveness, recovery.lease.fibers.fibers_take_orphaned) against real
+Postgres sessions: a fiber is taken over once the process that owns it has lost its session, and never while
 that session lives, while its lease is fresh, or before every worker could take its lock back."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from recovery import fibers, liveness
 from recovery.checks import check_recovery_deploy, check_recovery_settings
-from recovery.control import session_params
-from recovery.fibers import RECOVERY_OWNER, fiber_claim, fibers_take_orphaned
+from recovery.lease import fibers, liveness
+from recovery.lease.control import session_params
+from recovery.lease.fibers import RECOVERY_OWNER, fiber_claim, fibers_take_orphaned
 from recovery.models import Fiber
 from tests.operator_support import make_conversation, make_fiber
 from tests.support import wait_until
@@ -253,7 +253,7 @@ def test_the_poll_sees_which_liveness_sessions_are_connected(live_session: None)
 
 def test_while_its_session_is_lost_a_process_renews_every_tick(live_session: None) -> None:
     """The renewal cadence of the flusher while degraded: every tick, not every HEARTBEAT_INTERVAL_S."""
-    from recovery.flusher import Flusher
+    from recovery.stream.flusher import Flusher
 
     liveness.held.clear()
     liveness._lost.set()

@@ -16,9 +16,9 @@ import pytest
 from django.db import connection, transaction
 
 from chat.transcript.services import conversation_lock
-from recovery.fibers import fibers_fence_out
+from recovery.lease.fibers import fibers_fence_out
 from recovery.models import Fiber, Segment, Stream
-from recovery.stream import SegmentEntry, segments_write
+from recovery.stream.buffer import SegmentEntry, segments_write
 from tests.operator_support import make_conversation, make_fiber
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -22,10 +22,10 @@ from prometheus_client import REGISTRY
 
 from chat.turn.chunking import UI_CHUNK_POLICY
 from chat.wire.protocol import chunk_framer
-from recovery import diagnostics, metrics
-from recovery.detection import tick_claim
+from recovery.engine.detection import tick_claim
 from recovery.models import Fiber
-from recovery.stream import StreamWriter
+from recovery.observe import diagnostics, metrics
+from recovery.stream.buffer import StreamWriter
 from tests.operator_support import make_conversation, make_fiber, make_incident
 from thinkproject.bootstrap import reset_metrics_dir
 
@@ -169,12 +169,12 @@ class Clock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    import recovery.flusher
-    import recovery.stream
+    import recovery.stream.buffer
+    import recovery.stream.flusher
 
     fake = Clock()
-    monkeypatch.setattr(recovery.stream, "time", fake)
-    monkeypatch.setattr(recovery.flusher, "time", fake)
+    monkeypatch.setattr(recovery.stream.buffer, "time", fake)
+    monkeypatch.setattr(recovery.stream.flusher, "time", fake)
     return fake
 
 
@@ -262,7 +262,7 @@ def test_open_incidents_are_counted_by_status_when_scraped() -> None:
 
 def test_a_database_failure_drops_the_gauge_but_not_the_scrape(caplog: pytest.LogCaptureFixture) -> None:
     # No django_db mark: any query fails, as with Postgres down.
-    with caplog.at_level(logging.ERROR, logger="recovery.metrics"):
+    with caplog.at_level(logging.ERROR, logger="recovery.observe.metrics"):
         text = prometheus_client.generate_latest(metrics.exposition_registry()).decode()
     assert "think_turns_total" in text and "think_incidents_open{" not in text
     assert any("open incidents" in r.getMessage() for r in caplog.records)
@@ -310,7 +310,7 @@ def multiproc_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
 
 
 WORKER_SCRIPT = """
-from recovery import metrics
+from recovery.observe import metrics
 metrics.turn_finished("completed")
 metrics.turn_finished("completed")
 metrics.flush_observed(chunks=7, oldest_age_s=0.02)
@@ -388,7 +388,7 @@ async def test_a_flush_returns_only_once_every_chunk_taken_before_it_is_stored()
     """The race that lost the tails of streams under load: a flush waits for the write in flight; the
     tick right after it takes the rest of the writer's chunks before the flush resumes. The flush must
     wait for that write too, or the turn finishes (and closes its fiber) under it."""
-    from recovery.flusher import flusher
+    from recovery.stream.flusher import flusher
 
     published = HeldPublish()
     stream = writer(published)

@@ -1,5 +1,5 @@
-"""The operator actions of recovery.operations, against Postgres (no Celery worker: `recover_fiber.delay`
-is replaced by a recorder).
+"""The operator actions of recovery.operations.actions, against Postgres (no Celery worker: the
+dispatch of a recovery is replaced by a recorder).
 
 Sync tests run inside one transaction, where Postgres' `now()` is the transaction's start: expired leases
 are therefore put minutes into the past. Give-ups run on the process loop's DB threads, so those tests
@@ -19,10 +19,10 @@ from django.utils import timezone
 from chat.models import Conversation
 from chat.transcript.snapshot import TurnKind
 from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK
-from recovery import operations
-from recovery.fibers import HANDLING_TTL, RECOVERY_OWNER, fiber_claim, fiber_heartbeat
-from recovery.incidents import DEFAULT_TERMINAL_MESSAGE
+from recovery.budget.incidents import DEFAULT_TERMINAL_MESSAGE
+from recovery.lease.fibers import HANDLING_TTL, RECOVERY_OWNER, fiber_claim, fiber_heartbeat
 from recovery.models import Alarm, Fiber, Incident, Segment, Stream
+from recovery.operations import actions
 from tests.operator_support import (
     T0,
     Delays,
@@ -62,7 +62,7 @@ def test_forcing_a_running_fiber_claims_it_like_the_tick_and_enqueues_only_after
 ) -> None:
     fiber = make_fiber(conversation, Fiber.Status.RUNNING, lease_in=EXPIRED_LONG_AGO)
     with django_capture_on_commit_callbacks() as callbacks:
-        assert operations.fiber_force_recover(fiber_id=fiber.pk) == str(fiber.pk)
+        assert actions.fiber_force_recover(fiber_id=fiber.pk) == str(fiber.pk)
         assert delays.calls == [], "nothing is enqueued before the claim commits"
     for callback in callbacks:
         callback()
@@ -85,7 +85,7 @@ def test_forcing_a_live_fiber_fences_out_the_worker_that_holds_it(
     claim = fiber_claim(fiber_id=fiber.pk, owner="worker-9")
     assert claim is not None and fiber_heartbeat(fiber_id=fiber.pk, fencing=claim.fencing).alive
     with django_capture_on_commit_callbacks(execute=True):
-        operations.fiber_force_recover(fiber_id=fiber.pk)
+        actions.fiber_force_recover(fiber_id=fiber.pk)
     assert not fiber_heartbeat(fiber_id=fiber.pk, fencing=claim.fencing).alive
     assert delays.calls == [str(fiber.pk)]
 
@@ -95,7 +95,7 @@ def test_forcing_an_interrupted_fiber_keeps_the_reason_its_worker_recorded(
 ) -> None:
     fiber = make_fiber(conversation, Fiber.Status.INTERRUPTED, interruption="worker_lost")
     with django_capture_on_commit_callbacks(execute=True):
-        operations.fiber_force_recover(fiber_id=str(fiber.pk))
+        actions.fiber_force_recover(fiber_id=str(fiber.pk))
     fiber.refresh_from_db()
     assert (fiber.status, fiber.interruption, fiber.fencing) == (Fiber.Status.INTERRUPTED, "worker_lost", 4)
     assert delays.calls == [str(fiber.pk)]
@@ -117,17 +117,17 @@ def test_forcing_a_fiber_that_is_not_running_or_interrupted_is_refused(
     fiber = make_fiber(conversation, status)
     with (
         django_capture_on_commit_callbacks(execute=True),
-        pytest.raises(operations.OperationRefused, match=f"is {status}: only a running or interrupted"),
+        pytest.raises(actions.OperationRefused, match=f"is {status}: only a running or interrupted"),
     ):
-        operations.fiber_force_recover(fiber_id=fiber.pk)
+        actions.fiber_force_recover(fiber_id=fiber.pk)
     fiber.refresh_from_db()
     assert (fiber.status, fiber.fencing, delays.calls) == (status, 0, [])
 
 
 @pytest.mark.parametrize("fiber_id", ["not-a-uuid", "6f1c1f7e-8d5e-4c55-9a43-000000000000"])
 def test_forcing_an_unknown_fiber_is_refused(fiber_id: str) -> None:
-    with pytest.raises(operations.OperationRefused, match="not a fiber id|does not exist"):
-        operations.fiber_force_recover(fiber_id=fiber_id)
+    with pytest.raises(actions.OperationRefused, match="not a fiber id|does not exist"):
+        actions.fiber_force_recover(fiber_id=fiber_id)
 
 
 def test_a_dry_run_names_the_fiber_and_changes_nothing(
@@ -135,7 +135,7 @@ def test_a_dry_run_names_the_fiber_and_changes_nothing(
 ) -> None:
     fiber = make_fiber(conversation, Fiber.Status.RUNNING)
     with django_capture_on_commit_callbacks(execute=True):
-        assert operations.fiber_force_recover(fiber_id=fiber.pk, dry_run=True) == str(fiber.pk)
+        assert actions.fiber_force_recover(fiber_id=fiber.pk, dry_run=True) == str(fiber.pk)
     fiber.refresh_from_db()
     assert (fiber.status, fiber.fencing, delays.calls) == (Fiber.Status.RUNNING, 3, [])
 
@@ -150,7 +150,7 @@ def test_forcing_a_conversation_takes_its_running_and_interrupted_fibers_only(
     ]
     elsewhere = make_fiber(make_conversation(), Fiber.Status.RUNNING)
     with django_capture_on_commit_callbacks(execute=True):
-        forced = operations.conversation_force_recover(conversation_id=conversation.pk)
+        forced = actions.conversation_force_recover(conversation_id=conversation.pk)
     assert sorted(forced) == sorted([str(running.pk), str(interrupted.pk)])
     assert sorted(delays.calls) == sorted(forced)
     for fiber in [*untouched, elsewhere]:
@@ -183,7 +183,7 @@ def test_forcing_stale_fibers_takes_running_ones_whose_lease_expired_long_enough
 ) -> None:
     fibers = stale_fibers(conversation)
     with django_capture_on_commit_callbacks(execute=True):
-        forced = operations.fibers_force_recover_stale(**kwargs)
+        forced = actions.fibers_force_recover_stale(**kwargs)
     assert forced == [str(fibers[name].pk) for name in expected]
     assert delays.calls == forced
     statuses = {name: Fiber.objects.get(pk=fiber.pk).status for name, fiber in fibers.items()}
@@ -198,7 +198,7 @@ def test_a_stale_dry_run_lists_and_changes_nothing(
 ) -> None:
     fibers = stale_fibers(conversation)
     with django_capture_on_commit_callbacks(execute=True):
-        forced = operations.fibers_force_recover_stale(dry_run=True)
+        forced = actions.fibers_force_recover_stale(dry_run=True)
     assert forced == [str(fibers["old"].pk), str(fibers["recent"].pk)]
     assert delays.calls == []
     assert Fiber.objects.get(pk=fibers["old"].pk).status == Fiber.Status.RUNNING
@@ -207,7 +207,7 @@ def test_a_stale_dry_run_lists_and_changes_nothing(
 @pytest.mark.parametrize(("kwargs", "message"), [({"older_than": -1}, "older_than"), ({"limit": 0}, "limit")])
 def test_forcing_stale_fibers_rejects_bad_bounds(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        operations.fibers_force_recover_stale(**kwargs)
+        actions.fibers_force_recover_stale(**kwargs)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -241,7 +241,7 @@ def test_giving_up_on_a_conversation_seals_its_open_incident_and_sends_the_termi
     closed = make_incident(conversation, Incident.Status.SKIPPED)
     listener = GroupListener(conversation.pk)
 
-    assert operations.conversation_give_up(conversation_id=conversation.pk) == 1
+    assert actions.conversation_give_up(conversation_id=conversation.pk) == 1
 
     incident.refresh_from_db()
     assert (incident.status, incident.reason) == (Incident.Status.EXHAUSTED, "forced")
@@ -269,7 +269,7 @@ def test_giving_up_on_one_retry_incident_drops_its_retry_alarm() -> None:
     add_user_message(conversation)
     incident = make_incident(conversation, Incident.Status.ATTEMPTING, recovery_kind="retry")
     alarm = recovery_alarm(conversation, incident, RETRY_CALLBACK)
-    operations.incident_give_up(incident_pk=incident.pk)
+    actions.incident_give_up(incident_pk=incident.pk)
     incident.refresh_from_db()
     assert (incident.status, incident.reason) == (Incident.Status.EXHAUSTED, "forced")
     assert not Alarm.objects.filter(pk=alarm.pk).exists()
@@ -282,24 +282,24 @@ def test_giving_up_on_an_incident_that_is_not_open_is_refused(
     conversation: Conversation, status: str
 ) -> None:
     incident = make_incident(conversation, status, reason="max_attempts_exceeded")
-    with pytest.raises(operations.OperationRefused, match=f"is {status}, not open"):
-        operations.incident_give_up(incident_pk=incident.pk)
+    with pytest.raises(actions.OperationRefused, match=f"is {status}, not open"):
+        actions.incident_give_up(incident_pk=incident.pk)
     incident.refresh_from_db()
     assert (incident.status, conversation.last_terminal) == (status, None)
 
 
 def test_giving_up_on_a_missing_incident_or_an_unconfigured_agent_is_refused() -> None:
-    with pytest.raises(operations.OperationRefused, match="does not exist"):
-        operations.incident_give_up(incident_pk=0)
+    with pytest.raises(actions.OperationRefused, match="does not exist"):
+        actions.incident_give_up(incident_pk=0)
     incident = make_incident(make_conversation(agent="retired-agent"), Incident.Status.SCHEDULED)
-    with pytest.raises(operations.OperationRefused, match="retired-agent"):
-        operations.incident_give_up(incident_pk=incident.pk)
+    with pytest.raises(actions.OperationRefused, match="retired-agent"):
+        actions.incident_give_up(incident_pk=incident.pk)
     assert Incident.objects.get(pk=incident.pk).status == Incident.Status.SCHEDULED
 
 
 def test_a_conversation_without_an_open_incident_has_nothing_to_give_up(conversation: Conversation) -> None:
     make_incident(conversation, Incident.Status.EXHAUSTED)
-    assert operations.conversation_give_up(conversation_id=conversation.pk) == 0
+    assert actions.conversation_give_up(conversation_id=conversation.pk) == 0
 
 
 @pytest.mark.parametrize("age_ms", [1_000, 20 * 60_000], ids=["active", "past-its-ttl"])
@@ -307,13 +307,13 @@ def test_clearing_a_recovering_flag_clears_it_and_tells_the_clients(age_ms: int)
     now_ms = int(timezone.now().timestamp() * 1000)
     conversation = make_conversation(recovering={"requestId": "r-1", "at": now_ms - age_ms})
     listener = GroupListener(conversation.pk)
-    assert operations.conversation_clear_recovering(conversation_id=conversation.pk) is True
+    assert actions.conversation_clear_recovering(conversation_id=conversation.pk) is True
     conversation.refresh_from_db()
     assert conversation.recovering is None
     events = listener.events()
     assert [event["type"] for event in events] == ["think.broadcast", "think.release_parked"]
     assert json.loads(events[0]["frame"]) == {"type": "cf_agent_chat_recovering", "recovering": False}
-    assert operations.conversation_clear_recovering(conversation_id=conversation.pk) is False
+    assert actions.conversation_clear_recovering(conversation_id=conversation.pk) is False
     assert listener.events(timeout=0.2) == [], "no second broadcast when nothing changed"
 
 
@@ -323,7 +323,7 @@ def test_clearing_the_flag_while_a_turn_is_queued_leaves_parked_clients_waiting_
     )
     make_fiber(conversation, Fiber.Status.PENDING)
     listener = GroupListener(conversation.pk)
-    assert operations.conversation_clear_recovering(conversation_id=conversation.pk) is True
+    assert actions.conversation_clear_recovering(conversation_id=conversation.pk) is True
     assert [event["type"] for event in listener.events()] == ["think.broadcast"]
 
 
@@ -337,7 +337,7 @@ def test_one_sweep_does_what_the_tick_does_and_returns_its_counts(
 ) -> None:
     expired = make_fiber(conversation, Fiber.Status.RUNNING, lease_in=EXPIRED_LONG_AGO)
     make_fiber(make_conversation(), Fiber.Status.RUNNING)
-    counts = operations.recovery_sweep()
+    counts = actions.recovery_sweep()
     assert counts == {"fibers": 1, "alarms": 0, "requeued": 0, "submissions": 0, "completions": 0}
     assert delays.calls == [str(expired.pk)]
     assert Fiber.objects.get(pk=expired.pk).status == Fiber.Status.INTERRUPTED
@@ -357,11 +357,11 @@ def test_pruning_streams_deletes_buffers_finished_more_than_n_minutes_ago(conver
     old = finished_stream(conversation, minutes_ago=11)
     recent = finished_stream(conversation, minutes_ago=5)
     abandoned = finished_stream(conversation, minutes_ago=30, status="streaming")
-    assert operations.streams_prune(older_than_minutes=3, dry_run=True) == 2
+    assert actions.streams_prune(older_than_minutes=3, dry_run=True) == 2
     assert Stream.objects.count() == 3
-    assert operations.streams_prune() == 1
+    assert actions.streams_prune() == 1
     assert set(Stream.objects.values_list("pk", flat=True)) == {recent.pk, abandoned.pk}
-    assert operations.streams_prune(older_than_minutes=3) == 1, "an abandoned stream keeps its hour"
+    assert actions.streams_prune(older_than_minutes=3) == 1, "an abandoned stream keeps its hour"
     assert not Stream.objects.filter(pk=old.pk).exists() and Segment.objects.count() == 1
 
 
@@ -373,13 +373,13 @@ def test_pruning_incidents_deletes_closed_ones_untouched_for_more_than_n_days(
         Incident.objects.filter(pk=row.pk).update(updated_at=timezone.now() - timedelta(days=days))
         return row
 
-    closed = [aged(status, 8) for status in operations.CLOSED_INCIDENTS]
+    closed = [aged(status, 8) for status in actions.CLOSED_INCIDENTS]
     kept = [aged(Incident.Status.SCHEDULED, 30), aged(Incident.Status.EXHAUSTED, 2)]
-    assert operations.incidents_prune(dry_run=True) == len(closed)
+    assert actions.incidents_prune(dry_run=True) == len(closed)
     assert Incident.objects.count() == len(closed) + len(kept)
-    assert operations.incidents_prune() == len(closed)
+    assert actions.incidents_prune() == len(closed)
     assert set(Incident.objects.values_list("pk", flat=True)) == {row.pk for row in kept}
-    assert operations.incidents_prune(older_than_days=1) == 1
+    assert actions.incidents_prune(older_than_days=1) == 1
 
 
 def test_the_incident_report_filters_by_status_and_shows_times_as_datetimes(
@@ -387,7 +387,7 @@ def test_the_incident_report_filters_by_status_and_shows_times_as_datetimes(
 ) -> None:
     exhausted = make_incident(conversation, Incident.Status.EXHAUSTED, reason="no_progress_timeout")
     make_incident(conversation, Incident.Status.SKIPPED)
-    [row] = operations.incidents_report(statuses=[Incident.Status.EXHAUSTED])
+    [row] = actions.incidents_report(statuses=[Incident.Status.EXHAUSTED])
     assert row["incident_id"] == exhausted.incident_id
     assert row["conversation"] == str(conversation)
     assert (row["reason"], row["attempt"], row["max_attempts"]) == ("no_progress_timeout", 2, 6)
@@ -395,4 +395,4 @@ def test_the_incident_report_filters_by_status_and_shows_times_as_datetimes(
         "2023-11-14T22:13:20+00:00",
         "2023-11-14T22:13:25+00:00",
     )
-    assert operations.epoch_ms_datetime(T0) is not None and operations.epoch_ms_datetime(None) is None
+    assert actions.epoch_ms_datetime(T0) is not None and actions.epoch_ms_datetime(None) is None

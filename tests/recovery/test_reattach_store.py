@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 
 from chat.turn.chunking import UI_CHUNK_POLICY
 from chat.wire.protocol import chunk_framer
-from recovery.fibers import fiber_stash
-from recovery.runtime import db
-from recovery.stream import StreamWriter
+from recovery.lease.fibers import fiber_stash
+from recovery.process.runtime import db
+from recovery.stream.buffer import StreamWriter
 from tests.operator_support import terminate_new_backends
 from tests.recovery.test_engine_store import (
     START,

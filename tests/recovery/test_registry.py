@@ -1,5 +1,5 @@
-"""What an app adds to the recovery layer at start-up (recovery.alarms.register_callback,
-recovery.tasks.register_tick_sweep): the alarm table and the beat tick name no app's work."""
+"""What an app adds to the recovery layer at start-up (recovery.engine.alarms.register_callback,
+recovery.engine.detection.register_tick_sweep): the alarm table and the beat tick name no app's work."""
 
 from __future__ import annotations
 
@@ -9,13 +9,19 @@ from typing import Any
 
 import pytest
 
-import recovery.tasks
 from chat.transcript import submissions
-from recovery import alarms
-from recovery.alarms import alarm_claim, alarm_schedule, fire_alarm, register_callback, registered_callback
+from recovery.engine import alarms, detection
+from recovery.engine.alarms import (
+    afire_alarm,
+    alarm_claim,
+    alarm_schedule,
+    register_callback,
+    registered_callback,
+)
+from recovery.engine.detection import register_tick_sweep
 from recovery.models import Alarm
-from recovery.runtime import db
-from recovery.tasks import recovery_tick, register_tick_sweep
+from recovery.process.runtime import db
+from recovery.tasks import recovery_tick
 from tests.operator_support import make_conversation, terminate_new_backends
 
 
@@ -26,17 +32,17 @@ def close_db_thread_connections(django_db_setup: Any, django_db_blocker: Any) ->
 
 @pytest.fixture
 def restore_registries() -> Iterator[None]:
-    callbacks, sweeps = dict(alarms._callbacks), dict(recovery.tasks._sweeps)
+    callbacks, sweeps = dict(alarms._callbacks), dict(detection._sweeps)
     yield
     alarms._callbacks.clear()
     alarms._callbacks.update(callbacks)
-    recovery.tasks._sweeps.clear()
-    recovery.tasks._sweeps.update(sweeps)
+    detection._sweeps.clear()
+    detection._sweeps.update(sweeps)
 
 
 def test_the_chat_app_registers_its_drain_alarm_and_its_sweep_at_start_up() -> None:
     assert registered_callback(submissions.DRAIN_CALLBACK) is submissions.drain_alarm
-    assert recovery.tasks._sweeps["submissions"] is submissions.submissions_sweep
+    assert detection._sweeps["submissions"] is submissions.submissions_sweep
 
 
 @pytest.mark.django_db(transaction=True)
@@ -57,7 +63,7 @@ async def test_an_alarm_runs_the_callback_registered_under_its_name(restore_regi
         return conversation.pk, alarm.pk
 
     conversation_id, alarm_id = await db(due_alarm)
-    await fire_alarm(alarm_id)
+    await afire_alarm(alarm_id)
     assert ran == [(conversation_id, {"n": 1})]
     assert not await db(Alarm.objects.filter(pk=alarm_id).exists), "done: the row is gone"
 
@@ -74,8 +80,8 @@ async def test_an_alarm_whose_name_nobody_registered_is_dropped_with_an_error(
         return alarm.pk
 
     alarm_id = await db(due_alarm)
-    with caplog.at_level(logging.ERROR, logger="recovery.alarms"):
-        await fire_alarm(alarm_id)
+    with caplog.at_level(logging.ERROR, logger="recovery.engine.alarms"):
+        await afire_alarm(alarm_id)
     assert "unknown callback 'nobody_knows'" in caplog.text
     assert not await db(Alarm.objects.filter(pk=alarm_id).exists), "done: the row is gone"
 
@@ -89,7 +95,7 @@ def test_the_tick_runs_every_registered_sweep_and_a_failing_one_stops_nothing(
 
     register_tick_sweep("counted", lambda: 3)
     register_tick_sweep("broken", broken)
-    with caplog.at_level(logging.ERROR, logger="recovery.tasks"):
+    with caplog.at_level(logging.ERROR, logger="recovery.engine.detection"):
         result = recovery_tick()
     assert result["counted"] == 3 and result["broken"] == 0
     assert "submissions" in result and "fibers" in result
@@ -100,7 +106,7 @@ def test_the_chat_app_registers_its_recovery_target_and_alarms() -> None:
     from chat.tasks import run_turn
     from chat.turn import continuation as recovery_alarms
     from chat.turn.interrupted import CONTINUE_CALLBACK, RETRY_CALLBACK, ChatTarget
-    from recovery.targets import recovery_target
+    from recovery.engine.targets import recovery_target
 
     assert isinstance(recovery_target(), ChatTarget)
     assert recovery_target().task_name == run_turn.name == "think.run_turn"
@@ -111,8 +117,8 @@ def test_the_chat_app_registers_its_recovery_target_and_alarms() -> None:
 def test_without_a_registered_target_the_engine_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    import recovery.targets
+    import recovery.engine.targets
 
-    monkeypatch.setattr(recovery.targets, "_target", None)
+    monkeypatch.setattr(recovery.engine.targets, "_target", None)
     with pytest.raises(ImproperlyConfigured, match="no app registered a recovery target"):
-        recovery.targets.recovery_target()
+        recovery.engine.targets.recovery_target()

@@ -1,4 +1,4 @@
-"""A pending fiber whose task was lost is sent again (recovery.detection.fibers_requeue_stale): soon
+"""A pending fiber whose task was lost is sent again (recovery.engine.detection.fibers_requeue_stale): soon
 while the turn queue is empty (a worker took the task and died before claiming the fiber), only after
 the long wait while turns queue up (its task may be one of them)."""
 
@@ -12,9 +12,9 @@ import pytest
 from django.utils import timezone
 from kombu import Queue
 
-import recovery.detection
+import recovery.engine.detection
 from chat.models import Conversation
-from recovery.detection import REQUEUE_AFTER, REQUEUE_IDLE_AFTER, fibers_requeue_stale, turn_queue_size
+from recovery.engine.detection import REQUEUE_AFTER, REQUEUE_IDLE_AFTER, fibers_requeue_stale, turn_queue_size
 from recovery.models import Fiber
 from tests.operator_support import make_conversation, make_fiber
 
@@ -38,7 +38,7 @@ def pending_since(conversation: Conversation, age: timedelta) -> Fiber:
 
 
 def queued(monkeypatch: pytest.MonkeyPatch, size: int | None) -> None:
-    monkeypatch.setattr(recovery.detection, "turn_queue_size", lambda: size)
+    monkeypatch.setattr(recovery.engine.detection, "turn_queue_size", lambda: size)
 
 
 def test_with_the_turn_queue_empty_a_lost_task_is_sent_again_within_seconds(

@@ -13,9 +13,9 @@ from django.utils import timezone
 from chat.models import Conversation, Message
 from chat.wire.resume import ack_replay
 from recovery.checks import check_recovery_settings
+from recovery.engine.schedules import beat_schedule
 from recovery.models import Fiber, Incident, Segment, Stream
-from recovery.retention import incidents_sweep, streams_sweep
-from recovery.schedules import beat_schedule
+from recovery.operations.retention import incidents_sweep, streams_sweep
 
 pytestmark = pytest.mark.django_db
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from recovery import operations
 from recovery.models import Incident
+from recovery.operations import actions
 
-DEFAULT_STATUSES = [*operations.OPEN_INCIDENTS, Incident.Status.EXHAUSTED]
+DEFAULT_STATUSES = [*actions.OPEN_INCIDENTS, Incident.Status.EXHAUSTED]
 COLUMNS = [
     ("conversation", "CONVERSATION"),
     ("incident_id", "INCIDENT"),
@@ -35,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="one JSON array instead of a table")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rows = operations.incidents_report(statuses=options["status"] or DEFAULT_STATUSES)
+        rows = actions.incidents_report(statuses=options["status"] or DEFAULT_STATUSES)
         if options["json"]:
             self.stdout.write(json.dumps(rows, indent=2))
         elif not rows:

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from recovery import operations
 from recovery.management.options import non_negative_float
+from recovery.operations import actions
 
 
 class Command(BaseCommand):
@@ -24,10 +24,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run: bool = options["dry_run"]
-        streams = operations.streams_prune(older_than_minutes=options["streams_older_than"], dry_run=dry_run)
-        incidents = operations.incidents_prune(
-            older_than_days=options["incidents_older_than"], dry_run=dry_run
-        )
+        streams = actions.streams_prune(older_than_minutes=options["streams_older_than"], dry_run=dry_run)
+        incidents = actions.incidents_prune(older_than_days=options["incidents_older_than"], dry_run=dry_run)
         verb = "Would prune" if dry_run else "Pruned"
         summary = f"{verb} {streams} stream buffer(s) and {incidents} incident(s)."
         self.stdout.write(self.style.SUCCESS(summary))

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from recovery import operations
+from recovery.engine.targets import recovery_target
 from recovery.management.options import agent_and_name, fiber_id, non_negative_float, positive_int
-from recovery.targets import recovery_target
+from recovery.operations import actions
 
 
 class Command(BaseCommand):
@@ -42,7 +42,7 @@ class Command(BaseCommand):
         dry_run: bool = options["dry_run"]
         try:
             fiber_ids = self._force(options, dry_run=dry_run)
-        except operations.OperationRefused as exc:
+        except actions.OperationRefused as exc:
             raise CommandError(str(exc)) from exc
         for forced in fiber_ids:
             self.stdout.write(forced)
@@ -51,13 +51,13 @@ class Command(BaseCommand):
 
     def _force(self, options: dict[str, Any], *, dry_run: bool) -> list[str]:
         if options["fiber"]:
-            return [operations.fiber_force_recover(fiber_id=options["fiber"], dry_run=dry_run)]
+            return [actions.fiber_force_recover(fiber_id=options["fiber"], dry_run=dry_run)]
         if options["conversation"]:
             agent, name = options["conversation"]
             owner_pk = recovery_target().owner_pk(agent=agent, name=name)
             if owner_pk is None:
                 raise CommandError(f"no conversation {agent}/{name}")
-            return operations.conversation_force_recover(conversation_id=owner_pk, dry_run=dry_run)
-        return operations.fibers_force_recover_stale(
+            return actions.conversation_force_recover(conversation_id=owner_pk, dry_run=dry_run)
+        return actions.fibers_force_recover_stale(
             older_than=options["older_than"] or 0, limit=options["limit"], dry_run=dry_run
         )

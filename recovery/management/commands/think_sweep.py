@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from recovery import operations
 from recovery.management.options import positive_int
+from recovery.operations import actions
 
 
 class Command(BaseCommand):
@@ -26,7 +26,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        counts = operations.recovery_sweep(limit=options["limit"])
+        counts = actions.recovery_sweep(limit=options["limit"])
         for name, count in counts.items():
             self.stdout.write(f"{name}: {count}")
         self.stdout.write(self.style.SUCCESS("Sweep done."))

@@ -8,6 +8,7 @@ number: from that moment the worker that held it cannot write a chunk, a frame o
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -16,12 +17,14 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import metrics
-from .alarms import alarms_claim_due
-from .conf import setting
-from .fibers import fibers_mark_resent, fibers_take_expired, fibers_take_orphaned
-from .models import Fiber
-from .targets import recovery_target
+from recovery.conf import claims_per_tick, setting
+from recovery.engine.alarms import alarms_claim_due
+from recovery.engine.targets import recovery_target
+from recovery.lease.fibers import fibers_mark_resent, fibers_take_expired, fibers_take_orphaned
+from recovery.models import Fiber
+from recovery.observe import metrics
+from recovery.observe.heartbeat import beat_touch
+from recovery.process import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -32,14 +35,8 @@ class TickClaims:
     alarms: list[int] = field(default_factory=list)
 
 
-def claims_per_tick() -> int:
-    """How many interrupted fibers one tick (or one liveness poll) takes over at most:
-    THINK["RECOVERY_CLAIMS_PER_TICK"]."""
-    return int(setting("RECOVERY_CLAIMS_PER_TICK"))
-
-
 def tick_claim(*, limit: int | None = None) -> TickClaims:
-    """Claim the fibers of dead workers (by their lost session, recovery.liveness, or their expired
+    """Claim the fibers of dead workers (by their lost session, recovery.lease.liveness, or their expired
     lease) and due alarms in one transaction: at most `limit` fibers in all (by default
     THINK["RECOVERY_CLAIMS_PER_TICK"]), and as many alarms. The rest wait for the next tick, so hundreds
     of interrupted fibers are recovered in batches instead of flooding the workers at once."""
@@ -105,3 +102,41 @@ def turn_queue_size() -> int | None:
             return 0
         logger.warning("the turn queue's length could not be read: %s", exc)  # the long wait it is
         return None
+
+
+# Work an app adds to every recovery tick (name -> a function returning how many rows it settled).
+_sweeps: dict[str, Callable[[], int]] = {}
+
+
+def register_tick_sweep(name: str, sweep: Callable[[], int]) -> None:
+    """Run `sweep` on every recovery tick (an app calls it in its AppConfig.ready()); its count is
+    reported under `name` in the tick's result. A sweep that raises is logged and never stops the tick."""
+    _sweeps[name] = sweep
+
+
+def tick(limit: int | None = None) -> dict[str, int]:
+    """One recovery tick: claim expired fibers and due alarms (one short SKIP LOCKED transaction, at most
+    `limit` fibers: THINK["RECOVERY_CLAIMS_PER_TICK"] by default), hand each out to a worker, requeue lost
+    pending turns and run the apps' sweeps; the counts."""
+    limit = claims_per_tick() if limit is None else limit
+    claims = tick_claim(limit=limit)
+    beat_touch()
+    requeued = fibers_requeue_stale(limit=limit)
+    swept = {name: _sweep(name, sweep) for name, sweep in _sweeps.items()}
+    for fiber_id in claims.fibers:
+        dispatch.recover_later(str(fiber_id))
+    for alarm_id in claims.alarms:
+        dispatch.fire_later(alarm_id)
+    if claims.fibers or claims.alarms:
+        logger.info(
+            "recovery tick: %s interrupted fibers, %s due alarms", len(claims.fibers), len(claims.alarms)
+        )
+    return {"fibers": len(claims.fibers), "alarms": len(claims.alarms), "requeued": requeued, **swept}
+
+
+def _sweep(name: str, sweep: Callable[[], int]) -> int:
+    try:
+        return sweep()
+    except Exception:  # never let it stop the tick that drives recovery
+        logger.exception("%s sweep failed", name)
+        return 0

@@ -6,7 +6,8 @@ record that key (`Fiber.lease_session`). When the process dies for any reason it
 Postgres ends the session and the lock is free within milliseconds: a poll on every live worker
 (`LIVENESS_POLL_MS`) and the recovery tick look for running fibers whose owner's lock is free, mark
 them, and a poll at least `LIVENESS_CONFIRM_MS` later hands those still without their owner and
-unrenewed since to the engine, exactly as an expired lease would (`recovery.fibers.fibers_take_orphaned`).
+unrenewed since to the engine, exactly as an expired lease would
+(`recovery.lease.fibers.fibers_take_orphaned`).
 
 What the session cannot see is left to the lease, as before: a frozen process (SIGSTOP, a stuck
 loop) still holds its session; a host that vanishes without closing its sockets holds it until
@@ -35,9 +36,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import metrics
-from .conf import setting
-from .fibers import fibers_take_orphaned
+from recovery.conf import claims_per_tick, setting
+from recovery.lease.fibers import fibers_take_orphaned
+from recovery.observe import metrics
+from recovery.process import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ def start(*, judges: Callable[[], bool] | None = None) -> None:
     if not enabled():
         logger.info("liveness sessions are off: a dead worker is detected by its lease alone")
         return
-    from .runtime import get_loop
+    from recovery.process.runtime import get_loop
 
     with _lock:
         if _session is None or _session.done():
@@ -125,7 +127,7 @@ async def wait_held(timeout: float) -> bool:
 
 
 def _connection_params() -> dict[str, Any]:
-    from .control import session_params
+    from recovery.lease.control import session_params
 
     return {**session_params(str(setting("LIVENESS_DATABASE"))), "application_name": f"think-liveness:{_key}"}
 
@@ -175,7 +177,7 @@ async def _poll() -> None:
     every lease renewal leaves a dead entry in the index of running fibers until vacuum (it changes an
     indexed column), so that scan grows with the turns' traffic, and run several times a second on
     every worker it cost Postgres a third more per streamed number (bench/concurrency.py)."""
-    from .runtime import db
+    from recovery.process.runtime import db
 
     seen: set[str] | None = None
     watch_until = 0.0
@@ -224,14 +226,11 @@ def take_orphaned(limit: int | None = None) -> list[Any]:
     `limit` (THINK["RECOVERY_CLAIMS_PER_TICK"] by default) per poll, the rest at the next ones."""
     from django.db import transaction
 
-    from .detection import claims_per_tick
-    from .tasks import recover_fiber
-
     limit = claims_per_tick() if limit is None else limit
     with transaction.atomic():
         taken = fibers_take_orphaned(limit=limit)
     for fiber_id in taken:
-        recover_fiber.delay(str(fiber_id))
+        dispatch.recover_later(str(fiber_id))
     metrics.session_losses_observed(len(taken))
     return taken
 

@@ -10,7 +10,7 @@ without the session, such as a turn run in a web process, hears of it at its nex
 The flag stays the durable copy. A process without its listening session (the connection dropped, a
 pooler in transaction mode where LISTEN does not work) hears of the cancel at its next flush or
 heartbeat instead; and the fenced segment write refuses every chunk from the moment the cancel
-committed (`recovery.stream`), so in no case is anything stored or sent after it.
+committed (`recovery.stream.buffer`), so in no case is anything stored or sent after it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def start() -> None:
     """Start this process's listening session (once; again after a fork), unless THINK['CANCEL_SIGNALS']
     is off."""
     global _listener
-    from .conf import setting
+    from recovery.conf import setting
 
     if not setting("CANCEL_SIGNALS"):
         logger.info("cancel signals are off: turns hear of a cancel at their next flush or heartbeat")
@@ -60,7 +60,7 @@ def start() -> None:
     with _lock:
         if _listener is not None and not _listener.done():
             return
-        from .runtime import get_loop
+        from recovery.process.runtime import get_loop
 
         _listener = asyncio.run_coroutine_threadsafe(_listen(), get_loop())
 
@@ -76,7 +76,7 @@ def stop() -> None:
 
 def session_params(alias: str = "default") -> dict[str, Any]:
     """psycopg connect arguments for a dedicated session of a process (the cancel listener here, the
-    liveness session in recovery.liveness), from a DATABASES entry."""
+    liveness session in recovery.lease.liveness), from a DATABASES entry."""
     from django.db import connections
 
     params = connections[alias].get_connection_params()

@@ -1,7 +1,7 @@
 """Group commit: one flusher per worker event loop stores every turn's chunks, a tick at a time.
 
 Each tick takes the buffered chunks of the process's turns and writes them all (segments, fenced
-lease renewals, progress credit) in one statement (`recovery.stream.segments_write`), then sends all
+lease renewals, progress credit) in one statement (`recovery.stream.buffer.segments_write`), then sends all
 their frames to the web processes in one round trip (the fan-out chat registers, `register_fanout`).
 What a tick costs is paid once per tick for the whole process, not once per turn per tick.
 
@@ -10,7 +10,7 @@ What a tick costs is paid once per tick for the whole process, not once per turn
   (`FLUSH_EVERY_CHUNKS`) are stored at once: they start a tick of their own right away, which takes
   the others that are due as well (first contents that arrive together share a write). The turn
   waits for the first three; after a full batch it reads on, and waits only once the database has
-  fallen `BACKLOG_BATCHES` batches behind (recovery.stream).
+  fallen `BACKLOG_BATCHES` batches behind (recovery.stream.buffer).
 - Turns with nothing to store get their lease renewed in the tick that comes after their
   `HEARTBEAT_INTERVAL_S`, in the same statement.
 - A turn whose fencing number moved on is left out of the result, and told (LeaseLost); a turn asked
@@ -27,11 +27,12 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import liveness, metrics
-from .conf import setting
-from .exceptions import LeaseLost
-from .runtime import DATABASE_LOST, db
-from .stream import Batch, SegmentEntry, StreamWriter, segments_write
+from recovery.conf import setting
+from recovery.exceptions import LeaseLost
+from recovery.lease import liveness
+from recovery.observe import metrics
+from recovery.process.runtime import DATABASE_LOST, db
+from recovery.stream.buffer import Batch, SegmentEntry, StreamWriter, segments_write
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class Flusher:
     def _renew_after(*, heartbeat_s: float) -> float:
         """How long a quiet turn's lease goes unrenewed. While this process has lost its liveness
         session, not at all: every tick renews, so its fibers never look abandoned to the session
-        detector (recovery.liveness), which confirms a suspicion a few ticks later."""
+        detector (recovery.lease.liveness), which confirms a suspicion a few ticks later."""
         return 0.0 if liveness.degraded() else heartbeat_s
 
     async def _tick(self, now: float, heartbeat_s: float, *, regular: bool) -> None:

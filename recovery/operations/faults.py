@@ -1,7 +1,7 @@
 """Faults: unexpected errors of a provider, a tool or a turn, stored for operators (`recovery.models.Fault`).
 
 The owning app decides what is unexpected and what clients see; this module only stores the details.
-Rows go with the incidents' retention (`recovery.retention.faults_sweep`).
+Rows go with the incidents' retention (`recovery.operations.retention.faults_sweep`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import traceback
 import uuid
 from typing import Any
 
-from .models import Fault
+from recovery.models import Fault
 
 # A provider's error body, or a tool's, can be large; the row keeps its head.
 MAX_TEXT_CHARS = 20_000

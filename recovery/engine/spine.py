@@ -1,7 +1,7 @@
 """The recovery engine's spine: detection -> budget -> hook -> persist -> dispatch -> give-up.
 
 `recover_fiber` handles one interrupted fiber against the recovery target its owner registered
-(recovery.targets): the target loads the fiber's state, answers the hook, stores the partial and starts
+(recovery.engine.targets): the target loads the fiber's state, answers the hook, stores the partial and starts
 the continuation; the budget, the incident, the schedule of the recovery alarm and the give-up path are
 the engine's. Everything runs on the worker's event loop; database work hops to the DB threads.
 """
@@ -13,12 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from . import tracing
-from .alarms import alarm_claim, alarm_schedule
-from .context import ChatRecoveryOptions
-from .fibers import fiber_mark_recovered
-from .incident_store import incident_begin, incident_save, incident_set_status
-from .incidents import (
+from recovery.budget.incidents import (
     SCHEDULE_INITIAL,
     SCHEDULE_TRANSIENT,
     Incident,
@@ -28,8 +23,14 @@ from .incidents import (
     schedule_is_idempotent,
     transient_wait_s,
 )
-from .runtime import db, maybe_await
-from .targets import Interrupted, RecoveryTarget, recovery_target
+from recovery.engine import attempts
+from recovery.engine.alarms import alarm_claim, alarm_schedule
+from recovery.engine.context import ChatRecoveryOptions
+from recovery.engine.store import incident_begin, incident_save, incident_set_status
+from recovery.engine.targets import Interrupted, RecoveryTarget, recovery_target
+from recovery.lease.fibers import fiber_mark_recovered
+from recovery.process import dispatch
+from recovery.process.runtime import db, maybe_await
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def event_payload(incident: Incident) -> dict[str, Any]:
     }
 
 
-async def recover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) -> None:
+async def arecover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) -> None:
     """Handle one interrupted fiber; an exception leaves it interrupted for a later tick.
 
     `retry_after_s`: how long the provider asked to wait, when a model error interrupted the fiber.
@@ -64,7 +65,7 @@ async def recover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) ->
     work = await target.load(fiber_id)
     if work is None:
         return
-    with tracing.attempt_span(work):
+    with attempts.attempt_span(work):
         await _handle(target, work, retry_after_s=retry_after_s)
 
 
@@ -99,7 +100,7 @@ async def _handle(target: RecoveryTarget, work: Interrupted, *, retry_after_s: f
         work.emit("fiber:recovery:handled", {**fiber_event, "status": "stopped"})
         return
     incident = evaluation.incident
-    tracing.attempt_incident(incident)
+    attempts.attempt_incident(incident)
     if evaluation.predicate_error is not None:
         logger.warning(
             "chat_recovery.should_keep_recovering raised; recovery continues: %r", evaluation.predicate_error
@@ -145,7 +146,7 @@ async def _recover(work: Interrupted, incident: Incident, *, delay_s: float) -> 
             reason=str(exc)[:64],
         )
         work.emit("chat:recovery:failed", {**event_payload(incident), "reason": str(exc)})
-        tracing.attempt_outcome("failed", reason=str(exc)[:64])
+        attempts.attempt_outcome("failed", reason=str(exc)[:64])
         raise
     options = options if isinstance(options, ChatRecoveryOptions) else ChatRecoveryOptions()
     await target.persist(work, keep=options.persist)
@@ -165,10 +166,10 @@ async def schedule(
         status="scheduled",
     )
     if scheduled is None:
-        tracing.attempt_outcome("stopped", callback=callback)
+        attempts.attempt_outcome("stopped", callback=callback)
         return False
     await recovery_target().set_recovering(work.owner_id, work.root_request_id)
-    tracing.attempt_outcome("scheduled", callback=callback, delay_ms=int(delay_s * 1000))
+    attempts.attempt_outcome("scheduled", callback=callback, delay_ms=int(delay_s * 1000))
     work.emit(
         "chat:recovery:scheduled",
         event_payload(incident) | ({"delayMs": int(delay_s * 1000)} if delay_s else {}),
@@ -184,9 +185,7 @@ async def schedule(
     # An alarm due now fires at once rather than on the next tick (the row stays the durable copy);
     # a later one is the tick's.
     if not delay_s and await db(alarm_claim, alarm_id=alarm.pk):
-        from .tasks import fire_alarm
-
-        fire_alarm.delay(alarm.pk)
+        dispatch.fire_later(alarm.pk)
     return True
 
 
@@ -200,7 +199,7 @@ async def skip(work: Interrupted, incident: Incident, reason: str) -> None:
         reason=reason,
     )
     work.emit("chat:recovery:skipped", {**event_payload(incident), "reason": reason})
-    tracing.attempt_outcome("skipped", reason=reason)
+    attempts.attempt_outcome("skipped", reason=reason)
     await recovery_target().set_recovering(work.owner_id, None)
 
 
@@ -217,7 +216,7 @@ async def give_up(work: Interrupted, incident: Incident) -> None:
         partial_parts=work.partial_parts,
     )
     work.emit("chat:recovery:exhausted", dict(vars(ctx)))
-    tracing.attempt_outcome("exhausted", reason=sealed.reason)
+    attempts.attempt_outcome("exhausted", reason=sealed.reason)
     if work.config.on_exhausted is not None:
         try:
             await maybe_await(work.config.on_exhausted(ctx))

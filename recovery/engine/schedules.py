@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conf import DEFAULTS, setting
+from recovery.conf import DEFAULTS, setting
 
 
 def recovery_tick_seconds() -> float:

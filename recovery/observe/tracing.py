@@ -5,7 +5,7 @@ SDK and an exporter, docs/tracing.md). A span is a unit of work (a fiber's run, 
 never a chunk: nothing here is on the per-chunk path.
 
 A span's context travels as W3C trace context headers (a `Carrier`), stored as JSON: a fiber's run
-records its own in the fiber's snapshot (recovery.fibers.TRACE_SLOT), so the recovery attempt of a fiber
+records its own in the fiber's snapshot (recovery.lease.fibers.TRACE_SLOT), so the recovery attempt of a fiber
 whose worker died is a child of the run that died, in the same trace, on whichever process handles it.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -26,21 +25,16 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanContext
 
-    from .incidents import Incident
-    from .targets import Interrupted
-
 # W3C trace context headers (`traceparent`, maybe `tracestate`): a span's context as stored JSON.
 Carrier = dict[str, str]
 Links = Sequence[tuple[Any, Mapping[str, Any]]]  # (a stored carrier or None, the link's attributes)
 
 TRACER_NAME = "thinkproject"
-ATTEMPT = "think.recovery.attempt"
 
 # A proxy until the site sets its tracer provider, which it may do after the apps are imported.
 tracer = trace.get_tracer(TRACER_NAME) if trace is not None else None
 # Baggage is never stored: only the span's own context travels with the fiber.
 _propagator = TraceContextTextMapPropagator() if trace is not None else None
-_attempt: ContextVar[Span | None] = ContextVar("think_recovery_attempt", default=None)
 
 
 @contextmanager
@@ -108,46 +102,3 @@ def _linked_in(context: Context) -> SpanContext | None:
     assert trace is not None
     linked = trace.get_current_span(context).get_span_context()
     return linked if linked.is_valid else None
-
-
-# -- a recovery attempt: the engine's handling of one interrupted fiber ------------------------------------
-
-
-@contextmanager
-def attempt_span(work: Interrupted) -> Iterator[None]:
-    """The span of one recovery attempt, a child of the interrupted run (its stored context)."""
-    attributes = {
-        "think.fiber.id": str(work.fiber_id),
-        "think.conversation.id": work.owner_id,
-        "think.request.id": work.request_id,
-        "think.request.root_id": work.root_request_id,
-        "think.recovery.interruption": work.interruption or None,
-    }
-    with span(ATTEMPT, attributes=attributes, parent=work.trace) as made:
-        token = _attempt.set(made)
-        try:
-            yield
-        finally:
-            _attempt.reset(token)
-
-
-def attempt_incident(incident: Incident) -> None:
-    """The incident the attempt counts against."""
-    annotate(
-        _attempt.get(),
-        {
-            "think.incident.id": incident.incident_id,
-            "think.recovery.attempt": incident.attempt,
-            "think.recovery.max_attempts": incident.max_attempts,
-            "think.recovery.kind": incident.recovery_kind,
-        },
-    )
-
-
-def attempt_outcome(outcome: str, *, reason: str | None = None, **extra: Any) -> None:
-    """How the attempt ended: "scheduled", "skipped", "stopped", "exhausted" or "failed" (outside an attempt,
-    a give-up of the alarm path, nothing)."""
-    details = {f"think.recovery.{key}": value for key, value in extra.items()}
-    annotate(_attempt.get(), {"think.recovery.outcome": outcome, "think.recovery.reason": reason, **details})
-    if outcome in ("exhausted", "failed"):
-        fail(_attempt.get(), reason)

@@ -9,8 +9,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .fibers import fiber_interrupted, fiber_spend
-from .incidents import (
+from recovery.budget.incidents import (
     INCIDENT_TTL_MS,
     LIVE_STATUSES,
     ChatRecovery,
@@ -20,8 +19,9 @@ from .incidents import (
     evaluate_incident,
     is_stale,
 )
-from .models import Incident as IncidentRow
-from .models import owner_model
+from recovery.lease.fibers import fiber_interrupted, fiber_spend
+from recovery.models import Incident as IncidentRow
+from recovery.models import owner_model
 
 # The reason of a live incident closed because nothing touched it for INCIDENT_TTL_MS.
 EXPIRED = "expired"

@@ -12,7 +12,7 @@ The messages it could not put back are not needed: a running turn is owned by it
 Postgres, and a run_turn delivered again later (kombu restores unacked messages after the visibility
 timeout if the broker kept them) finds its fiber taken and does nothing.
 
-Use it with ``CELERY_BROKER_TRANSPORT = "recovery.broker:Transport"`` and a ``redis://`` broker URL.
+Use it with ``CELERY_BROKER_TRANSPORT = "recovery.process.broker:Transport"`` and a ``redis://`` broker URL.
 """
 
 from __future__ import annotations

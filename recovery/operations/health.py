@@ -26,8 +26,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
 from recovery.conf import setting
-from recovery.heartbeat import beat_last_tick
-from recovery.schedules import recovery_tick_seconds
+from recovery.engine.schedules import recovery_tick_seconds
+from recovery.observe.heartbeat import beat_last_tick
 
 logger = logging.getLogger(__name__)
 

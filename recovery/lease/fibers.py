@@ -22,19 +22,19 @@ from django.db import connection, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Now, NullIf
 
-from .conf import setting
-from .control import notify_cancel
-from .exceptions import LeaseLost
-from .models import Fiber, owner_model
-from .rows import row_insert
+from recovery.conf import setting
+from recovery.exceptions import LeaseLost
+from recovery.lease.control import notify_cancel
+from recovery.models import Fiber, owner_model
+from recovery.process.rows import row_insert
 
 logger = logging.getLogger(__name__)
 
 # A fiber's snapshot is JSON the owning app writes when it creates the fiber. While the fiber runs this
 # layer patches three slots of it in SQL, each in a statement of its own, so no write clobbers another.
 STASH_SLOT = "user"  # what the running work keeps for its recovery (fiber_stash)
-CURSOR_SLOT = "reattach"  # the provider cursor the stream's segment writes record (recovery.stream)
-TRACE_SLOT = "trace"  # the trace context of the fiber's run (fiber_trace_record, recovery.tracing)
+CURSOR_SLOT = "reattach"  # the provider cursor the stream's segment writes record (recovery.stream.buffer)
+TRACE_SLOT = "trace"  # the trace context of the fiber's run (fiber_trace_record, recovery.observe.tracing)
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def lease_ttl() -> timedelta:
 def fiber_create(
     *, conversation_id: int, request_id: str, kind: str, snapshot: dict[str, Any] | None
 ) -> Fiber:
-    """A new pending fiber, inserted as `Fiber.objects.create` would (recovery.rows: on every accepted
+    """A new pending fiber, inserted as `Fiber.objects.create` would (recovery.process.rows: on every accepted
     turn the ORM's compile cost more than the insert, issue 37)."""
     fiber = Fiber(conversation_id=conversation_id, request_id=request_id, kind=kind, snapshot=snapshot)
     row_insert(fiber)
@@ -94,7 +94,7 @@ def fiber_claim(
     Claims are serialised per conversation by locking the conversation row, so only one turn of a
     conversation runs at a time across all workers, and turns start in the order they were accepted.
     `fields` are the owner row's fields the work needs to start, read under that lock (Claim.conversation).
-    `session`: the claiming process's liveness key while it holds its lock (recovery.liveness).
+    `session`: the claiming process's liveness key while it holds its lock (recovery.lease.liveness).
     """
     model = owner_model()
     owner_fields = [model._meta.get_field(name) for name in fields]
@@ -184,7 +184,7 @@ def fibers_supersede_pending(*, conversation_id: int) -> tuple[str, ...]:
 def fiber_request_cancel(*, conversation_id: int, request_id: str) -> bool:
     """Ask the fiber of a request to stop; a pending one is cancelled at once.
 
-    A running one gets the flag, and its worker the signal (`recovery.control`) when it commits.
+    A running one gets the flag, and its worker the signal (`recovery.lease.control`) when it commits.
     """
 
     fibers = Fiber.objects.filter(conversation_id=conversation_id, request_id=request_id)
@@ -418,7 +418,7 @@ def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
     )
 
 
-# The fibers of processes whose liveness session is gone (recovery.liveness), found in two sightings.
+# The fibers of processes whose liveness session is gone (recovery.lease.liveness), found in two sightings.
 # A poll that finds a running fiber's key free (it try-locks the key for the rest of its transaction)
 # marks the fiber; a later poll takes over a marked fiber whose key is still free and whose lease was not
 # renewed since the mark, once the mark is LIVENESS_CONFIRM_MS old. A live process whose session dropped

@@ -3,7 +3,7 @@
 Each goes through the services the engine itself uses: a forced recovery claims fibers the way the beat
 tick does (fencing number bumped, so the worker that held them can write nothing more; status
 interrupted) and hands them to `think.recover_fiber`; a give-up and a cleared recovering flag are the
-recovery target's (recovery.targets: the owner's side); a sweep is one beat tick. Nothing here edits a
+recovery target's (recovery.engine.targets: the owner's side); a sweep is one beat tick. Nothing here edits a
 transcript.
 """
 
@@ -19,13 +19,14 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from . import tasks
-from .exceptions import OperationRefused
-from .fibers import fibers_take_over
-from .models import Fiber, Incident
-from .retention import ABANDONED_RETENTION, incidents_sweep, streams_sweep
-from .retention import CLOSED_INCIDENTS as CLOSED_INCIDENTS
-from .targets import recovery_target
+from recovery.engine import detection
+from recovery.engine.targets import recovery_target
+from recovery.exceptions import OperationRefused
+from recovery.lease.fibers import fibers_take_over
+from recovery.models import Fiber, Incident
+from recovery.operations.retention import ABANDONED_RETENTION, incidents_sweep, streams_sweep
+from recovery.operations.retention import CLOSED_INCIDENTS as CLOSED_INCIDENTS
+from recovery.process import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def epoch_ms_datetime(value: int | None) -> datetime | None:
 
 def _enqueue(fiber_ids: list[str]) -> None:
     for fiber_id in fiber_ids:
-        tasks.recover_fiber.delay(fiber_id)
+        dispatch.recover_later(fiber_id)
         logger.info("recovery forced by an operator", extra={"fiber_id": fiber_id})
 
 
@@ -150,7 +151,7 @@ def conversation_clear_recovering(*, conversation_id: int) -> bool:
 
 def recovery_sweep(*, limit: int | None = None) -> dict[str, int]:
     """What the beat tick does, once: claim expired fibers and due alarms, hand them out; the counts."""
-    return tasks.recovery_tick(limit=limit)
+    return detection.tick(limit=limit)
 
 
 def streams_prune(*, older_than_minutes: float = 10, dry_run: bool = False) -> int:

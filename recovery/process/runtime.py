@@ -21,7 +21,7 @@ from typing import Any, ParamSpec, TypeVar
 from django.db import connection
 from django.db.utils import InterfaceError, OperationalError
 
-from .conf import setting
+from recovery.conf import setting
 
 logger = logging.getLogger(__name__)
 

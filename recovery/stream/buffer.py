@@ -18,16 +18,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connection
 from django.utils import timezone
 
-from .conf import setting
-from .encoding import dumps
-from .exceptions import LeaseLost
-from .fibers import CURSOR_SLOT, lease_ttl
-from .models import Fiber, Segment, Stream, owner_model
+from recovery.conf import setting
+from recovery.exceptions import LeaseLost
+from recovery.lease.fibers import CURSOR_SLOT, lease_ttl
+from recovery.models import Fiber, Segment, Stream, owner_model
+from recovery.stream.encoding import dumps
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,30 @@ class ChunkPolicy:
     merge: Callable[[list[Chunk]], list[Chunk]] = _unmerged
     size: Callable[[Chunk], int] = _rough_size
     omitted: Callable[[int], Chunk] = _omitted
+
+
+class GroupCommit(Protocol):
+    """What a writer asks of its process's group commit (recovery.stream.flusher's Flusher)."""
+
+    def poke(self) -> None: ...
+    async def flush(self, writer: StreamWriter) -> None: ...
+    async def settle(self, writer: StreamWriter) -> None: ...
+
+
+_group_commit: Callable[[], GroupCommit] | None = None
+
+
+def register_group_commit(get: Callable[[], GroupCommit]) -> None:
+    """How writers reach the group commit of the loop they run on: RecoveryConfig.ready() registers
+    recovery.stream.flusher.flusher (the flusher imports this module, not the other way round)."""
+    global _group_commit
+    _group_commit = get
+
+
+def group_commit() -> GroupCommit:
+    if _group_commit is None:
+        raise RuntimeError("no group commit registered (RecoveryConfig.ready() registers the flusher)")
+    return _group_commit()
 
 
 # The live frame of one stored chunk: (its body, its seq) -> the text a client is sent (the owner's
@@ -265,7 +289,7 @@ def stream_close(*, stream_id: Any, status: str) -> None:
 
 
 class StreamWriter:
-    """Buffers the chunks of one stream; the process's flusher (`recovery.flusher`) stores them as
+    """Buffers the chunks of one stream; the process's flusher (`recovery.stream.flusher`) stores them as
     segments, in one statement with every other turn's, then publishes their frames.
 
     Chunks are kept as they come and encoded when they are taken: consecutive deltas of one text,
@@ -361,9 +385,7 @@ class StreamWriter:
         return False
 
     def _poke(self) -> None:
-        from .flusher import flusher
-
-        flusher().poke()
+        group_commit().poke()
 
     def _progress_credit(self, chunk_type: Any) -> int:
         if chunk_type in self.policy.milestones:
@@ -435,15 +457,11 @@ class StreamWriter:
 
         Raises LeaseLost when fenced out; once the turn was asked to stop it stores nothing more.
         """
-        from .flusher import flusher
-
-        await flusher().flush(self)
+        await group_commit().flush(self)
 
     async def stop(self) -> None:
         """The turn was asked to stop: wait for a write in flight, then drop what is buffered."""
-        from .flusher import flusher
-
-        await flusher().settle(self)
+        await group_commit().settle(self)
         self.cancel_requested = True
         self.discard()
 

@@ -36,7 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from .incidents import EXHAUSTION_REASONS, LIVE_STATUSES, RECOVERY_ERROR, STABLE_TIMEOUT
+from recovery.budget.incidents import EXHAUSTION_REASONS, LIVE_STATUSES, RECOVERY_ERROR, STABLE_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def _open_incident_counts() -> dict[str, int]:
     # At scrape time only: the metrics are importable (and written) before Django is set up.
     from django.db.models import Count
 
-    from .models import Incident
+    from recovery.models import Incident
 
     rows = Incident.objects.filter(status__in=LIVE_STATUSES).values("status").annotate(n=Count("id"))
     return {row["status"]: row["n"] for row in rows.order_by()}

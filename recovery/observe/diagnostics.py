@@ -1,6 +1,6 @@
 """Diagnostic channels: events routed by type prefix to five channels.
 
-    from recovery import diagnostics
+    from recovery.observe import diagnostics
     unsubscribe = diagnostics.subscribe("chat", lambda event: print(event["type"]))
 
 The channels are `chat`, `transcript`, `fiber`, `submission` and `schedule`. Routing, first match wins:
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .signals import SIGNALS
+from recovery.signals import SIGNALS
 
 logger = logging.getLogger("think.events")
 

@@ -17,10 +17,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from . import diagnostics
-from .models import Alarm
-from .runtime import db
-from .targets import owner_labels
+from recovery.engine.targets import owner_labels
+from recovery.models import Alarm
+from recovery.observe import diagnostics
+from recovery.process.runtime import db
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _load_running(alarm_id: int) -> tuple[Alarm, Any] | None:
     return None if alarm is None else (alarm, alarm.conversation)
 
 
-async def fire_alarm(alarm_id: int) -> None:
+async def afire_alarm(alarm_id: int) -> None:
     """Run one claimed alarm; infrastructure errors put it back, anything else is handled by its callback."""
     loaded = await db(_load_running, alarm_id)
     if loaded is None:

@@ -1,7 +1,7 @@
 """The recovery target: what the app that owns the fibers tells the recovery layer about its work.
 
 The recovery layer stores fibers, streams, incidents and alarms and runs the engine's spine
-(detection -> budget -> hook -> dispatch -> give-up, recovery.engine); what a fiber *is* (a chat turn),
+(detection -> budget -> hook -> dispatch -> give-up, recovery.engine.spine); what a fiber *is* (a chat turn),
 how its interrupted state is read, what the agent's hook answers, how a continuation is started and how
 clients hear of the outcome belong to the app that owns it. That app subclasses `RecoveryTarget` and
 registers one instance in its AppConfig.ready(), the way an app registers a ModelAdmin; the chat app
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from .context import ChatRecoveryOptions
-    from .incidents import ChatRecovery, Incident
-    from .models import Incident as IncidentRow
+    from recovery.budget.incidents import ChatRecovery, Incident
+    from recovery.engine.context import ChatRecoveryOptions
+    from recovery.models import Incident as IncidentRow
 
 
 class Interrupted(Protocol):
@@ -50,7 +50,9 @@ class Interrupted(Protocol):
     @property
     def partial_parts(self) -> list[dict[str, Any]]: ...
     @property
-    def trace(self) -> Any: ...  # the trace context its run recorded (recovery.fibers.TRACE_SLOT), or None
+    def trace(
+        self,
+    ) -> Any: ...  # the trace context its run recorded (recovery.lease.fibers.TRACE_SLOT), or None
 
     def emit(self, event_type: str, payload: dict[str, Any]) -> None:
         """A diagnostics event, labelled with the owner's names."""
@@ -58,7 +60,8 @@ class Interrupted(Protocol):
 
 class RecoveryTarget(ABC):
     """The owner's side of recovery. Async methods run on the worker's event loop (database work goes
-    through recovery.runtime.db); sync ones are operator actions, called from the admin or a command."""
+    through recovery.process.runtime.db); sync ones are operator actions, called from the admin or a
+    command."""
 
     #: The Celery task that runs the fibers: the tick reads the length of its queue.
     task_name: str
@@ -94,8 +97,8 @@ class RecoveryTarget(ABC):
     async def dispatch(
         self, work: Interrupted, incident: Incident, options: ChatRecoveryOptions, *, delay_s: float
     ) -> None:
-        """Start the recovery the options ask for, `delay_s` from now (recovery.engine.schedule), or skip
-        it (engine.skip)."""
+        """Start the recovery the options ask for, `delay_s` from now (recovery.engine.spine.schedule), or
+        skip it (spine.skip)."""
 
     @abstractmethod
     async def end(self, work: Interrupted, *, request_id: str, message: str) -> None:

@@ -6,7 +6,7 @@ Messages are never touched: the transcript does not depend on the buffers.
 
 A closed incident (completed, skipped, exhausted, failed) is the audit trail of a recovery: it stays
 THINK["INCIDENT_RETENTION_DAYS"] days after its last change (30 by default; None keeps it). Live ones
-never go here. Faults (`recovery.faults`) are kept as long, counted from when they were recorded.
+never go here. Faults (`recovery.operations.faults`) are kept as long, counted from when they were recorded.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from datetime import timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .conf import setting
-from .models import Fault, Fiber, Incident, Stream
+from recovery.conf import setting
+from recovery.models import Fault, Fiber, Incident, Stream
 
 COMPLETED_RETENTION = timedelta(minutes=10)
 ABANDONED_RETENTION = timedelta(hours=1)

@@ -1,0 +1,2 @@
+"""What every room reports: Prometheus metrics, OpenTelemetry spans, diagnostics events and the
+beat's last tick."""
