@@ -226,6 +226,8 @@ def session(site: Site) -> Iterator[str]:
             browser.close()
     assert assistant_text(messages) == numbers(12)
     assert any(url.endswith("/static/chat/app.js") for url in statics), statics
+    # app.js is an ES module: the page and the protocol client come as modules it imports.
+    assert any(url.endswith("/static/chat/client/folding.js") for url in statics), statics
     assert any(url.endswith("/static/chat/app.css") for url in statics), statics
     assert set(statics.values()) <= {200, 304}, f"static files under daphne: {statics}"
     yield cookie["value"]
