@@ -43,7 +43,7 @@ else:
 THINK = {
     **THINK,
     # Every test is one principal (tests.support.TEST_PRINCIPAL), thousands of turns in a few minutes,
-    # two runners at once: the per-principal limits are lifted here. tests/chat/test_quotas.py runs
+    # two runners at once: the per-principal limits are lifted here. tests/chat/transcript/test_quotas.py runs
     # them, at their defaults too; the README site and `make run` tests run with every default.
     "PRINCIPAL_MAX_ACTIVE_TURNS": None,
     "PRINCIPAL_TURNS_PER_MINUTE": None,

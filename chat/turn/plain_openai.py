@@ -8,7 +8,7 @@ proxy model, the scripted model). litellm routes it to its "unknown OpenAI model
 the messages and the parameters as they are. This module builds that same request itself, while
 litellm is not loaded:
 
-- only the parameters in PARAMS (each sent as is by litellm; tests/chat/test_plain_openai.py compares
+- only the parameters in PARAMS (each sent as is by litellm; tests/chat/turn/test_plain_openai.py compares
   every one against litellm's own request) and messages whose content is text;
 - never a model litellm's bundled cost map names, nor one that looks like an OpenAI model (o1, gpt-...):
   litellm rewrites those (max_completion_tokens, system prompts as user messages, ...);

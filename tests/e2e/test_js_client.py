@@ -239,7 +239,7 @@ def approval_run(stack: Any, node: str) -> Iterator[dict[str, Any]]:
     tag = f"js-{uuid.uuid4().hex[:8]}"
     name = new_name("approval")
     # Paced, so the continuation still runs when the hook ACKs it: that is the path tested here (one
-    # that ended first is answered as finished, tests/chat/test_resume.py).
+    # that ended first is answered as finished, tests/chat/wire/test_resume.py).
     prompt = f'[tool delete_file {{"tag": "{tag}"}}] [rate 20]'
     result = run_scenario(node, stack.port, TOOL_AGENT, name, "approval", prompt=prompt)
     yield {

@@ -74,7 +74,7 @@ def test_unknown_agent_is_a_lookup_error() -> None:
 
 
 def test_custom_registration_is_read_at_access_time(settings: Any) -> None:
-    settings.THINK = {"AGENTS": {"MyCustomAgent": "tests.chat.test_agents.CustomAgent"}}
+    settings.THINK = {"AGENTS": {"MyCustomAgent": "tests.chat.turn.test_agents.CustomAgent"}}
     assert agent_class("my-custom-agent") is CustomAgent
     assert agent_names() == ["MyCustomAgent"]
     with pytest.raises(UnknownAgent):
@@ -87,7 +87,7 @@ def test_several_registrations(settings: Any) -> None:
     settings.THINK = {
         "AGENTS": {
             "assistant": "thinkproject.agents.Assistant",
-            "SUPPORT_BOT": "tests.chat.test_agents.CustomAgent",
+            "SUPPORT_BOT": "tests.chat.turn.test_agents.CustomAgent",
         }
     }
     assert agent_class("assistant") is Assistant
@@ -103,7 +103,7 @@ def test_the_apps_name_no_agent_of_their_own(settings: Any) -> None:
 
 
 def test_without_a_model_an_agent_says_so_instead_of_calling_anything(settings: Any) -> None:
-    settings.THINK = {"AGENTS": {"custom": "tests.chat.test_agents.CustomAgent"}}
+    settings.THINK = {"AGENTS": {"custom": "tests.chat.turn.test_agents.CustomAgent"}}
     with pytest.raises(ImproperlyConfigured, match="THINK\\['MODEL'\\] is not set"):
         CustomAgent(agent="custom", name="n").completion_kwargs()
 
@@ -114,7 +114,10 @@ def test_the_check_names_each_agent_without_a_model(settings: Any) -> None:
             return "openai/gpt-test"
 
     globals()["OwnModel"] = OwnModel  # importable by its dotted path
-    agents = {"custom": "tests.chat.test_agents.CustomAgent", "own": "tests.chat.test_agents.OwnModel"}
+    agents = {
+        "custom": "tests.chat.turn.test_agents.CustomAgent",
+        "own": "tests.chat.turn.test_agents.OwnModel",
+    }
     settings.THINK = {"AGENTS": agents}
     errors = [e for e in check_think_settings() if e.id == "think_chat.E011"]
     assert [e.msg.split(":")[0] for e in errors] == ["Agent 'custom' has no model"]
@@ -130,7 +133,7 @@ def test_the_demo_site_names_its_scripted_model_for_litellm() -> None:
 
 
 def test_registration_that_is_not_a_think_subclass_is_unknown(settings: Any) -> None:
-    settings.THINK = {"AGENTS": {"plain": "tests.chat.test_agents.NotAnAgent", "func": "json.dumps"}}
+    settings.THINK = {"AGENTS": {"plain": "tests.chat.turn.test_agents.NotAnAgent", "func": "json.dumps"}}
     with pytest.raises(UnknownAgent):
         agent_class("plain")
     with pytest.raises(UnknownAgent):
@@ -138,7 +141,7 @@ def test_registration_that_is_not_a_think_subclass_is_unknown(settings: Any) -> 
 
 
 def test_agent_for_builds_an_instance(settings: Any) -> None:
-    settings.THINK = {"AGENTS": {"custom": "tests.chat.test_agents.CustomAgent"}}
+    settings.THINK = {"AGENTS": {"custom": "tests.chat.turn.test_agents.CustomAgent"}}
     agent = agent_for("custom", "room-1", 7)
     assert isinstance(agent, CustomAgent)
     assert (agent.agent, agent.name, agent.conversation_id) == ("custom", "room-1", 7)

@@ -225,7 +225,10 @@ def test_manage_py_check_reports_a_registered_agents_mistakes_and_the_registry_r
 ) -> None:
     settings.THINK = {
         **settings.THINK,
-        "AGENTS": {"assistant": "thinkproject.agents.Assistant", "wrong": "tests.chat.test_options.Broken"},
+        "AGENTS": {
+            "assistant": "thinkproject.agents.Assistant",
+            "wrong": "tests.chat.turn.test_options.Broken",
+        },
     }
 
     assert [m.id for m in check_think_settings()] == ["think_chat.E013"]

@@ -257,7 +257,7 @@ def opaque(thing: Opaque) -> None: ...
         (star_args, "*cities: a tool is called with keyword arguments only"),
         (positional, "'city' is positional-only"),
         (unresolvable, "its type hints cannot be resolved"),
-        (opaque, "pydantic cannot validate the type <class 'tests.chat.test_typed_tools.Opaque'>"),
+        (opaque, "pydantic cannot validate the type <class 'tests.chat.turn.test_typed_tools.Opaque'>"),
     ],
 )
 def test_a_schema_that_cannot_be_built_is_reported_by_check_and_refused_at_run_time(

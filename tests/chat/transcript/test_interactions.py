@@ -11,7 +11,7 @@ from chat.transcript.finish import interactions_settle
 from chat.transcript.interactions import DENIED_TEXT, approval_update, interaction_apply, result_update
 from chat.transcript.snapshot import FiberSnapshot, TurnKind
 from recovery.models import Fiber
-from tests.chat.test_answer_buffer import stream_calls
+from tests.chat.transcript.test_answer_buffer import stream_calls
 
 
 def part(state: str, call: str = "c1", **extra: Any) -> dict[str, Any]:

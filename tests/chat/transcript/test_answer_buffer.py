@@ -14,7 +14,7 @@ from chat.transcript.finish import interactions_settle
 from chat.transcript.interactions import interaction_apply
 from chat.wire.protocol import LimitExceeded, Limits, ProtocolError, parse_frame
 from recovery.models import Fiber, Segment, Stream
-from tests.chat.test_limits import think
+from tests.chat.wire.test_limits import think
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from chat.wire import protocol as p
 from chat.wire.limits import SOCKET_TTL_S, socket_slot_release, socket_slot_take
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.sockets import APPLICATION, TIMEOUT_S, new_name, receive_until
-from tests.chat.test_limits import think
+from tests.chat.wire.test_limits import think
 from tests.support import access_token
 
 
