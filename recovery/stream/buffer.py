@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +42,8 @@ BACKLOG_BATCHES = 50
 BACKLOG_BYTES = 4 * MAX_SEGMENT_BYTES
 
 Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
-Chunk = dict[str, Any]
+# A chunk of the owning app (chat's: chat.types.Chunk) as the buffer sees it: a JSON object with a "type".
+Chunk = Mapping[str, Any]
 
 
 def _unmerged(chunks: list[Chunk]) -> list[Chunk]:
@@ -326,7 +327,7 @@ class StreamWriter:
             None  # ("cancel"|"lease"|"database")
         )
         self.last_write = time.monotonic()
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[Chunk] = []
         self._buffer_bytes = 0  # a rough size, from the deltas' lengths
         self._buffered_since = 0.0
         self._credit = 0
@@ -354,7 +355,7 @@ class StreamWriter:
         """The provider cursor reached by the chunks added so far: stored with the next segment."""
         self._cursor = cursor
 
-    def add(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> bool:
+    def add(self, chunk: Chunk, cursor: dict[str, Any] | None = None) -> bool:
         """Buffer one chunk; True when the turn must wait until it is stored (first content, a tool
         milestone, or a backlog of `BACKLOG_BATCHES` full batches).
 
