@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from recovery.conf import setting
 from recovery.exceptions import LeaseLost
-from recovery.lease.fibers import CURSOR_SLOT, lease_ttl
+from recovery.lease.fibers import CURSOR_SLOT, FiberId, lease_ttl
 from recovery.models import Fiber, Segment, Stream, owner_model
 from recovery.stream.encoding import dumps
 
@@ -118,7 +118,7 @@ class SegmentWrite:
 class SegmentEntry:
     """One fiber's part of a group write: its segments (none for a lease renewal alone) and credit."""
 
-    fiber_id: Any
+    fiber_id: FiberId
     fencing: int
     stream_id: Any = None
     segments: tuple[tuple[int, int, str], ...] = ()  # (seq_start, seq_end, body)
@@ -210,7 +210,7 @@ def segments_write(entries: list[SegmentEntry]) -> dict[Any, SegmentWrite]:
 
 def segment_append(
     *,
-    fiber_id: Any,
+    fiber_id: FiberId,
     fencing: int,
     stream_id: Any,
     seq_start: int,
@@ -236,7 +236,13 @@ RETURNING id
 
 
 def stream_open(
-    *, conversation_id: int, fiber_id: Any, fencing: int, request_id: str, message_id: str, continuation: bool
+    *,
+    conversation_id: int,
+    fiber_id: FiberId,
+    fencing: int,
+    request_id: str,
+    message_id: str,
+    continuation: bool,
 ) -> Any:
     """Create the stream row of a turn, if the fiber is still ours (one fenced statement)."""
     sql = _STREAM_OPEN.format(stream=Stream._meta.db_table, fiber=Fiber._meta.db_table)
@@ -302,7 +308,7 @@ class StreamWriter:
         self,
         *,
         stream_id: Any,
-        fiber_id: Any,
+        fiber_id: FiberId,
         fencing: int,
         frame: Frame,
         policy: ChunkPolicy = ChunkPolicy(),  # noqa: B008 (frozen: one shared default is fine)
