@@ -25,6 +25,7 @@ from .models import Branch, Conversation, Message, PrincipalUsage, Submission, T
 from .transcript.folding import is_tool_part, tool_name_of
 from .transcript.selectors import messages_list
 from .turn.actions import stop_conversation
+from .types import Part, UIMessage
 
 PRE = '<pre style="white-space: pre-wrap; margin: 2px 0 6px">{}</pre>'
 
@@ -47,7 +48,7 @@ def _approval_html(approval: dict[str, Any]) -> SafeString:
     )
 
 
-def tool_part_html(part: dict[str, Any]) -> SafeString:
+def tool_part_html(part: Part) -> SafeString:
     """A tool call: name, call id, state, then its input, output, error and approval when present."""
     sections = [format_html("<div>input</div>" + PRE, _json(part.get("input")))]
     if "output" in part:
@@ -66,7 +67,7 @@ def tool_part_html(part: dict[str, Any]) -> SafeString:
     )
 
 
-def part_html(part: dict[str, Any]) -> SafeString:
+def part_html(part: Part) -> SafeString:
     kind = part.get("type")
     if kind == "text":
         return format_html(PRE, part.get("text", ""))
@@ -79,7 +80,7 @@ def part_html(part: dict[str, Any]) -> SafeString:
     return format_html("<div><em>{}</em></div>" + PRE, kind, _json(part))
 
 
-def message_html(message: dict[str, Any]) -> SafeString:
+def message_html(message: UIMessage) -> SafeString:
     """One UIMessage; a compaction overlay is labelled as the summary it is."""
     message_id = str(message.get("id", ""))
     label = "compaction summary" if message_id.startswith("compaction_") else message.get("role", "")
@@ -93,7 +94,7 @@ def message_html(message: dict[str, Any]) -> SafeString:
     )
 
 
-def transcript_html(messages: list[dict[str, Any]]) -> SafeString:
+def transcript_html(messages: list[UIMessage]) -> SafeString:
     if not messages:
         return format_html("<em>{}</em>", "no messages")
     return format_html_join("", "{}", ((message_html(m),) for m in messages))

@@ -32,6 +32,7 @@ from .transcript.turns import (
     turn_start_recovered,
     wait_until_stable,
 )
+from .types import UIMessage
 
 if TYPE_CHECKING:
     from .transcript.stop import StopReport
@@ -69,11 +70,12 @@ class ChatResult:
 
     request_id: str
     status: str
-    message: dict[str, Any] | None
+    message: UIMessage | None
 
     @property
     def text(self) -> str:
-        parts = (self.message or {}).get("parts") or []
+        message: UIMessage | dict[str, Any] = self.message or {}
+        parts = message.get("parts") or []
         return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
 
 
@@ -141,12 +143,12 @@ class AgentHandle:
         return f"<AgentHandle {self.agent.agent}/{self.agent.name}>"
 
     # -- the transcript and its state -------------------------------------------------------------------
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[UIMessage]:
         """The stored transcript, as UIMessages."""
 
         return messages_list(conversation_id=self.conversation_id)
 
-    def has_pending_interaction(self, extra: list[dict[str, Any]] | None = None) -> bool:
+    def has_pending_interaction(self, extra: list[UIMessage] | None = None) -> bool:
         """True while a human must act: an approval is requested or a client tool awaits its result.
 
         `extra` adds messages not stored yet (the partial of an interrupted turn).
@@ -194,7 +196,7 @@ class AgentHandle:
             conversation_id=self.conversation_id, request_id=started.request_id, timeout=timeout
         )
 
-    async def amessages(self) -> list[dict[str, Any]]:
+    async def amessages(self) -> list[UIMessage]:
         return await db(self.messages)
 
     def continue_last_turn(

@@ -6,6 +6,8 @@ import uuid
 
 from django.db import models
 
+from .types import UIMessage
+
 
 class Conversation(models.Model):
     """One agent instance: the pair (agent name, instance name) of the WebSocket URL."""
@@ -69,8 +71,8 @@ class Message(models.Model):
     def __str__(self) -> str:
         return f"{self.role} {self.message_id}"
 
-    def as_ui_message(self) -> dict[str, object]:
-        message: dict[str, object] = {"id": self.message_id, "role": self.role, "parts": self.parts}
+    def as_ui_message(self) -> UIMessage:
+        message: UIMessage = {"id": self.message_id, "role": self.role, "parts": self.parts}
         if self.metadata is not None:
             message["metadata"] = self.metadata
         return message
@@ -217,7 +219,7 @@ class Compaction(models.Model):
     def message_id(self) -> str:
         return f"compaction_{self.compaction_id}"
 
-    def as_ui_message(self) -> dict[str, object]:
+    def as_ui_message(self) -> UIMessage:
         return {"id": self.message_id, "role": "assistant", "parts": [{"type": "text", "text": self.summary}]}
 
 

@@ -29,11 +29,10 @@ from recovery.models import Fiber, Incident
 
 from ..exceptions import BranchNotFound, ConversationBusy
 from ..models import Branch, Compaction, Conversation, Message
+from ..types import UIMessage
 from .services import conversation_lock
 
 BRANCH_KEY = "thinkBranch"  # the metadata key of the annotation clients see
-
-UIMessage = dict[str, Any]
 
 
 def _compaction_json(row: Compaction) -> dict[str, Any]:

@@ -13,17 +13,15 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import transaction
 
 from ..models import Compaction, Conversation, Message
+from ..types import UIMessage
 
 logger = logging.getLogger(__name__)
 
 COMPACTION_PREFIX = "compaction_"
-
-UIMessage = dict[str, Any]
 TokenCounter = Callable[[UIMessage], int]
 
 

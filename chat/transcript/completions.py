@@ -23,6 +23,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from ..models import Message, TurnCompletion
+from ..types import UIMessage
 from .snapshot import FiberSnapshot
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def completions_due(*, limit: int = 100) -> list[int]:
     return list(due.order_by("created_at").values_list("pk", flat=True)[:limit])
 
 
-def completion_message(completion: TurnCompletion) -> dict[str, Any] | None:
+def completion_message(completion: TurnCompletion) -> UIMessage | None:
     """The turn's answer as stored now (None when it stored none, or it is gone)."""
     if not completion.message_id:
         return None

@@ -37,6 +37,7 @@ from ..caching import shared_cache
 from ..conf import think_setting
 from ..exceptions import FileRefused
 from ..models import ChatFile
+from ..types import Part, UIMessage
 from .quotas import ANONYMOUS_PREFIX
 from .services import conversation_lock
 
@@ -124,7 +125,7 @@ def file_id_of(url: str) -> uuid.UUID | None:
     return uuid.UUID(match.group(1)) if match else None
 
 
-def _filename(part: dict[str, Any]) -> str:
+def _filename(part: Part) -> str:
     name = part.get("filename")
     if name is None:
         return ""
@@ -152,13 +153,11 @@ class NewFile:
 class Attachments:
     """A request's messages with their file parts pointing at stored files, and the files to store."""
 
-    messages: list[dict[str, Any]]
+    messages: list[UIMessage]
     new: list[NewFile] = field(default_factory=list)
 
 
-def attachments_resolve(
-    conversation_id: int, messages: list[dict[str, Any]], *, check: set[str]
-) -> Attachments:
+def attachments_resolve(conversation_id: int, messages: list[UIMessage], *, check: set[str]) -> Attachments:
     """The file parts of the messages whose ids are in `check` (the request's new messages, and an edit),
     each checked and pointed at its file: a data URL becomes the URL of the conversation's file with
     that content (a NewFile when there is none yet); an upload's URL must name one of the conversation's
@@ -186,8 +185,8 @@ def attachments_resolve(
 
 
 def _resolve_part(
-    conversation_id: int, part: dict[str, Any], known: dict[str, ChatFile], new: dict[str, NewFile]
-) -> dict[str, Any]:
+    conversation_id: int, part: Part, known: dict[str, ChatFile], new: dict[str, NewFile]
+) -> Part:
     url = part.get("url")
     if not isinstance(url, str):
         raise FileRefused("a file part needs a 'url': a data URL or the URL an upload returned", 400)
@@ -223,8 +222,8 @@ def _resolve_part(
     return _part(str(stored.id), stored.media_type, filename)
 
 
-def _part(file_id: str, media_type: str, filename: str) -> dict[str, Any]:
-    part: dict[str, Any] = {"type": "file", "mediaType": media_type, "url": file_url(file_id)}
+def _part(file_id: str, media_type: str, filename: str) -> Part:
+    part: Part = {"type": "file", "mediaType": media_type, "url": file_url(file_id)}
     if filename:
         part["filename"] = filename
     return part
@@ -311,7 +310,7 @@ def file_upload(
     return row
 
 
-def file_part(row: ChatFile) -> dict[str, Any]:
+def file_part(row: ChatFile) -> Part:
     """The AI SDK file part (FileUIPart) of a stored file."""
     return _part(str(row.id), row.media_type, row.filename)
 
@@ -330,7 +329,7 @@ class Attachment:
     filename: str
 
 
-def attachments_for_model(conversation_id: int, messages: list[dict[str, Any]]) -> dict[str, Attachment]:
+def attachments_for_model(conversation_id: int, messages: list[UIMessage]) -> dict[str, Attachment]:
     """The bytes of the files the messages' file parts name, by file id (`file_id_of` their URL); files of
     this conversation only. A file that is gone is left out (the model is told so)."""
     ids = {

@@ -17,6 +17,7 @@ from recovery.lease.fibers import fiber_finish_on
 from recovery.models import Fiber, Stream
 
 from ..models import Conversation, Message, Submission
+from ..types import UIMessage
 from .completions import Ending, completion_record
 from .interactions import buffered_updates_apply, continuation_due, foreign_updates_apply
 from .quotas import ADD_TOKENS
@@ -30,7 +31,7 @@ from .turns import turn_send, turn_start_followup
 class TurnOutcome:
     status: str  # a Fiber.Status
     stream_status: str  # a Stream.Status
-    message: dict[str, Any] | None  # the assistant message to persist, if it has content
+    message: UIMessage | None  # the assistant message to persist, if it has content
     terminal: str | None = None  # error text recorded for late reconnects
     # Tool outputs for calls of earlier messages (approved tools run by a continuation).
     foreign_updates: list[dict[str, Any]] = field(default_factory=list)
@@ -166,7 +167,7 @@ def _completion_record(
 
 
 def _message_store(
-    cursor: Any, tables: dict[str, str], conversation_id: int, message: dict[str, Any], after: str | None
+    cursor: Any, tables: dict[str, str], conversation_id: int, message: UIMessage, after: str | None
 ) -> None:
     params = {
         "conversation": conversation_id,

@@ -9,23 +9,25 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
+
+from ..types import Chunk, Part, UIMessage
 
 SETTLED_TOOL_STATES = frozenset({"output-available", "output-error", "output-denied"})
 
 
-def is_tool_part(part: dict[str, Any]) -> bool:
+def is_tool_part(part: Part) -> bool:
     part_type = part.get("type")
     return isinstance(part_type, str) and (part_type.startswith("tool-") or part_type == "dynamic-tool")
 
 
-def tool_name_of(part: dict[str, Any]) -> str:
+def tool_name_of(part: Part) -> str:
     if part.get("type") == "dynamic-tool":
         return str(part.get("toolName", ""))
     return str(part.get("type", ""))[len("tool-") :]
 
 
-def is_settled_tool_part(part: dict[str, Any]) -> bool:
+def is_settled_tool_part(part: Part) -> bool:
     return is_tool_part(part) and (
         "output" in part or "result" in part or part.get("state") in SETTLED_TOOL_STATES
     )
@@ -41,19 +43,19 @@ class MessageAccumulator:
     def __init__(self, message_id: str, *, role: str = "assistant") -> None:
         self.message_id = message_id
         self.role = role
-        self.parts: list[dict[str, Any]] = []
+        self.parts: list[Part] = []
         self.metadata: dict[str, Any] | None = None
         # A tool result was settled by this stream's own chunks (not inherited from an extended message).
         self.settled_results = False
         self.error_text: str | None = None
         self.finish_reason: str | None = None
-        self._open: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, id) -> streaming text/reasoning part
+        self._open: dict[tuple[str, str], Part] = {}  # (kind, id) -> streaming text/reasoning part
         self._tool_input_text: dict[str, str] = {}
         # Tool results for calls that live in an earlier message (approved tools run in a continuation).
         self.foreign_tool_updates: list[dict[str, Any]] = []
 
     @classmethod
-    def extending(cls, message: dict[str, Any]) -> MessageAccumulator:
+    def extending(cls, message: UIMessage) -> MessageAccumulator:
         """An accumulator that continues `message` (a copy: the original is left as it is)."""
         accumulator = cls(str(message["id"]), role=str(message.get("role") or "assistant"))
         accumulator.parts = copy.deepcopy(list(message.get("parts") or []))
@@ -81,8 +83,8 @@ class MessageAccumulator:
             part["state"] = "done"
         self._open.clear()
 
-    def message(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"id": self.message_id, "role": self.role, "parts": self.parts}
+    def message(self) -> UIMessage:
+        message: UIMessage = {"id": self.message_id, "role": self.role, "parts": self.parts}
         if self.metadata:
             message["metadata"] = self.metadata
         return message
@@ -95,9 +97,9 @@ class MessageAccumulator:
         except ValueError:
             return
         if isinstance(chunk, dict):
-            self.apply(chunk)
+            self.apply(cast(Chunk, chunk))
 
-    def apply(self, chunk: dict[str, Any]) -> None:
+    def apply(self, chunk: Chunk) -> None:
         chunk_type = chunk.get("type")
         if not isinstance(chunk_type, str):
             return
@@ -107,23 +109,23 @@ class MessageAccumulator:
         elif chunk_type.startswith("data-"):
             self._apply_data(chunk)
 
-    def _merge_metadata(self, chunk: dict[str, Any], key: str = "messageMetadata") -> None:
+    def _merge_metadata(self, chunk: Chunk, key: str = "messageMetadata") -> None:
         extra = chunk.get(key)
         if isinstance(extra, dict):
             self.metadata = {**(self.metadata or {}), **extra}
 
-    def _start(self, chunk: dict[str, Any]) -> None:
+    def _start(self, chunk: Chunk) -> None:
         if isinstance(chunk.get("messageId"), str) and chunk["messageId"]:
             self.message_id = chunk["messageId"]
         self._merge_metadata(chunk)
 
-    def _step_start(self, chunk: dict[str, Any]) -> None:
+    def _step_start(self, chunk: Chunk) -> None:
         self.parts.append({"type": "step-start"})
 
-    def _finish_step(self, chunk: dict[str, Any]) -> None:
+    def _finish_step(self, chunk: Chunk) -> None:
         self._open.clear()
 
-    def _finish(self, chunk: dict[str, Any]) -> None:
+    def _finish(self, chunk: Chunk) -> None:
         if isinstance(chunk.get("finishReason"), str):
             self.finish_reason = chunk["finishReason"]
         self._merge_metadata(chunk)
@@ -131,32 +133,32 @@ class MessageAccumulator:
             part["state"] = "done"
         self._open.clear()
 
-    def _block_start(self, kind: str, chunk: dict[str, Any]) -> None:
-        part: dict[str, Any] = {"type": kind, "text": "", "state": "streaming"}
+    def _block_start(self, kind: str, chunk: Chunk) -> None:
+        part: Part = {"type": kind, "text": "", "state": "streaming"}
         if isinstance(chunk.get("providerMetadata"), dict):
             part["providerMetadata"] = chunk["providerMetadata"]
         self.parts.append(part)
         self._open[(kind, str(chunk.get("id", "")))] = part
 
-    def _block_delta(self, kind: str, chunk: dict[str, Any]) -> None:
+    def _block_delta(self, kind: str, chunk: Chunk) -> None:
         part = self._open.get((kind, str(chunk.get("id", ""))))
         if part is None:  # a delta without its start: open the part rather than lose the text
             self._block_start(kind, chunk)
             part = self._open[(kind, str(chunk.get("id", "")))]
         part["text"] += str(chunk.get("delta", ""))
 
-    def _block_end(self, kind: str, chunk: dict[str, Any]) -> None:
+    def _block_end(self, kind: str, chunk: Chunk) -> None:
         part = self._open.pop((kind, str(chunk.get("id", ""))), None)
         if part is not None:
             part["state"] = "done"
 
-    def _find_tool(self, tool_call_id: Any) -> dict[str, Any] | None:
+    def _find_tool(self, tool_call_id: Any) -> Part | None:
         for part in self.parts:
             if is_tool_part(part) and part.get("toolCallId") == tool_call_id:
                 return part
         return None
 
-    def _tool_part(self, chunk: dict[str, Any]) -> dict[str, Any]:
+    def _tool_part(self, chunk: Chunk) -> Part:
         part = self._find_tool(chunk.get("toolCallId"))
         if part is None:
             name = str(chunk.get("toolName", ""))
@@ -172,31 +174,31 @@ class MessageAccumulator:
             self.parts.append(part)
         return part
 
-    def _tool_input_start(self, chunk: dict[str, Any]) -> None:
+    def _tool_input_start(self, chunk: Chunk) -> None:
         self._tool_part(chunk)
         self._tool_input_text[str(chunk.get("toolCallId"))] = ""
 
-    def _tool_input_delta(self, chunk: dict[str, Any]) -> None:
+    def _tool_input_delta(self, chunk: Chunk) -> None:
         key = str(chunk.get("toolCallId"))
         self._tool_input_text[key] = self._tool_input_text.get(key, "") + str(chunk.get("inputTextDelta", ""))
 
-    def _tool_input_available(self, chunk: dict[str, Any]) -> None:
+    def _tool_input_available(self, chunk: Chunk) -> None:
         part = self._tool_part(chunk)
         part["state"] = "input-available"
         part["input"] = chunk.get("input")
 
-    def _tool_input_error(self, chunk: dict[str, Any]) -> None:
+    def _tool_input_error(self, chunk: Chunk) -> None:
         self.settled_results = True
         part = self._tool_part(chunk)
         part.update(state="output-error", input=chunk.get("input"), errorText=chunk.get("errorText", ""))
 
-    def _tool_approval_request(self, chunk: dict[str, Any]) -> None:
+    def _tool_approval_request(self, chunk: Chunk) -> None:
         part = self._find_tool(chunk.get("toolCallId"))
         if part is not None:
             part["state"] = "approval-requested"
             part["approval"] = {"id": chunk.get("approvalId")}
 
-    def _tool_settle(self, chunk: dict[str, Any], changes: dict[str, Any]) -> None:
+    def _tool_settle(self, chunk: Chunk, changes: dict[str, Any]) -> None:
         part = self._find_tool(chunk.get("toolCallId"))
         if part is None:
             self.foreign_tool_updates.append({"toolCallId": chunk.get("toolCallId"), **changes})
@@ -204,7 +206,7 @@ class MessageAccumulator:
         part.update(changes)
         self.settled_results = True
 
-    def _tool_output_available(self, chunk: dict[str, Any]) -> None:
+    def _tool_output_available(self, chunk: Chunk) -> None:
         changes = {"state": "output-available", "output": chunk.get("output")}
         if chunk.get("preliminary"):
             changes["preliminary"] = True
@@ -213,19 +215,19 @@ class MessageAccumulator:
         if part is not None and not chunk.get("preliminary"):
             part.pop("preliminary", None)  # the final output replaces a preliminary one
 
-    def _tool_output_error(self, chunk: dict[str, Any]) -> None:
+    def _tool_output_error(self, chunk: Chunk) -> None:
         self._tool_settle(chunk, {"state": "output-error", "errorText": chunk.get("errorText", "")})
 
-    def _tool_output_denied(self, chunk: dict[str, Any]) -> None:
+    def _tool_output_denied(self, chunk: Chunk) -> None:
         self._tool_settle(chunk, {"state": "output-denied"})
 
-    def _append_as_part(self, chunk: dict[str, Any]) -> None:
+    def _append_as_part(self, chunk: Chunk) -> None:
         self.parts.append(dict(chunk))
 
-    def _error(self, chunk: dict[str, Any]) -> None:
+    def _error(self, chunk: Chunk) -> None:
         self.error_text = str(chunk.get("errorText", ""))
 
-    def _apply_data(self, chunk: dict[str, Any]) -> None:
+    def _apply_data(self, chunk: Chunk) -> None:
         if chunk.get("transient"):
             return
         part = {k: v for k, v in chunk.items() if k != "transient"}
@@ -265,7 +267,7 @@ _HANDLERS: dict[str, Any] = {
 
 
 def fold_bodies(
-    message_id: str, bodies: Iterable[str], *, extends: dict[str, Any] | None = None
+    message_id: str, bodies: Iterable[str], *, extends: UIMessage | None = None
 ) -> MessageAccumulator:
     """Rebuild a message from stored chunk bodies (recovery, orphan finalising), on top of the message
     a continuation's stream `extends`."""
@@ -277,7 +279,7 @@ def fold_bodies(
     return accumulator
 
 
-def message_chunks(message: dict[str, Any]) -> list[dict[str, Any]]:
+def message_chunks(message: UIMessage) -> list[dict[str, Any]]:
     """The chunks that fold into `message` (a replay of a stored message: the inverse of folding).
 
     `fold_bodies` of their JSON gives the message back, but for what no chunk can say: an approval a
@@ -292,7 +294,7 @@ def message_chunks(message: dict[str, Any]) -> list[dict[str, Any]]:
     return chunks
 
 
-def _part_chunks(part: dict[str, Any], block_id: str) -> list[dict[str, Any]]:
+def _part_chunks(part: Part, block_id: str) -> list[dict[str, Any]]:
     kind = part.get("type")
     if kind == "step-start":
         return [{"type": "start-step"}]
@@ -309,7 +311,7 @@ def _part_chunks(part: dict[str, Any], block_id: str) -> list[dict[str, Any]]:
     return [dict(part)]  # data-*, source-url, source-document, file: the chunk is the part
 
 
-def _tool_chunks(part: dict[str, Any]) -> list[dict[str, Any]]:
+def _tool_chunks(part: Part) -> list[dict[str, Any]]:
     call = {"toolCallId": part.get("toolCallId"), "toolName": tool_name_of(part)}
     if part.get("type") == "dynamic-tool":
         call["dynamic"] = True

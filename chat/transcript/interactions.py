@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from ..models import Conversation, Message
+from ..types import Part, UIMessage
 from ..wire.protocol import ToolApproval, ToolResult
 from .answer_buffer import already_buffered, buffer_refusal, buffered_copy, turn_in_flight
 from .quotas import principal_refusal, principal_turn_counted
@@ -25,8 +26,6 @@ logger = logging.getLogger(__name__)
 
 DENIED_TEXT = "Tool execution denied by user"
 
-Part = dict[str, Any]
-
 
 @dataclass(frozen=True)
 class InteractionResult:
@@ -34,7 +33,7 @@ class InteractionResult:
     # not the client's to answer; or an answer over a bound, chat.transcript.answer_buffer) or "unknown"
     # (no such tool call)
     status: str
-    message: dict[str, Any] | None = None  # the updated message, for cf_agent_message_updated
+    message: UIMessage | None = None  # the updated message, for cf_agent_message_updated
     continuation_request_id: str | None = None
     refused: str = ""  # why the continuation the answer completes did not start (a principal's limit)
     problem: str = ""  # why the answer itself was refused (status "refused"): cf_agent_tool_refused
@@ -159,7 +158,7 @@ def continuation_due(conversation: Conversation, message: Message) -> bool:
     return leaf is not None and leaf.pk == message.pk
 
 
-Announce = Callable[[dict[str, Any]], None]
+Announce = Callable[[UIMessage], None]
 
 
 def interaction_apply(
@@ -294,9 +293,9 @@ def tool_decision_apply(
     )
 
 
-def buffered_updates_apply(conversation: Conversation) -> list[dict[str, Any]]:
+def buffered_updates_apply(conversation: Conversation) -> list[UIMessage]:
     """Apply what arrived while the finishing turn ran (call with the conversation locked)."""
-    messages: dict[str, dict[str, Any]] = {}
+    messages: dict[str, UIMessage] = {}
     for update in conversation.tool_updates:
         status, message = _apply(conversation, update)
         if status == "unknown":

@@ -8,15 +8,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import FileRefused
+from ..types import Part, UIMessage
 from .files import Attachment, check_file, file_id_of, parse_data_url
 from .folding import is_tool_part, tool_name_of
 
 
-def _text_of(parts: list[dict[str, Any]]) -> str:
+def _text_of(parts: list[Part]) -> str:
     return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
 
 
-def _assistant_messages(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _assistant_messages(parts: list[Part]) -> list[dict[str, Any]]:
     """An assistant UIMessage becomes one assistant message per step, each followed by its tool results."""
     result: list[dict[str, Any]] = []
     text: list[str] = []
@@ -60,7 +61,7 @@ def _assistant_messages(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-def _tool_output_text(part: dict[str, Any]) -> str:
+def _tool_output_text(part: Part) -> str:
     if part.get("state") == "output-error":
         return f"Error: {part.get('errorText', '')}"
     if part.get("state") == "output-denied":
@@ -75,7 +76,7 @@ class _Files:
     sent newest first while they fit in `budget` bytes; older ones are named, not sent."""
 
     def __init__(
-        self, messages: list[dict[str, Any]], files: Mapping[str, Attachment], budget: int | None
+        self, messages: list[UIMessage], files: Mapping[str, Attachment], budget: int | None
     ) -> None:
         self.files = files
         self.found: dict[int, Attachment | None] = {}  # id(part) -> its file
@@ -93,7 +94,7 @@ class _Files:
                     self.sent.add(id(part))
                     remaining = None if remaining is None else remaining - len(attachment.data)
 
-    def attachment(self, part: dict[str, Any]) -> Attachment | None:
+    def attachment(self, part: Part) -> Attachment | None:
         if id(part) not in self.found:
             url = str(part.get("url", ""))
             file_id = file_id_of(url)
@@ -108,7 +109,7 @@ class _Files:
             self.found[id(part)] = found
         return self.found[id(part)]
 
-    def content(self, part: dict[str, Any]) -> dict[str, Any]:
+    def content(self, part: Part) -> dict[str, Any]:
         """A file as the model reads it: an image as an image, text as text, anything else (a PDF) as a
         file; a note in its place when it is gone or left out."""
         attachment = self.attachment(part)
@@ -130,7 +131,7 @@ class _Files:
         return {"type": "file", "file": {"file_data": url, "filename": name}}
 
 
-def _content(parts: list[dict[str, Any]], files: _Files) -> str | list[dict[str, Any]]:
+def _content(parts: list[Part], files: _Files) -> str | list[dict[str, Any]]:
     """A user's or system's content: its text, or, with files, content parts in the chat API's form,
     which litellm turns into each provider's (Anthropic's image and document blocks, Gemini's inline
     data, the Responses API's input items: chat.turn.llm)."""
@@ -146,7 +147,7 @@ def _content(parts: list[dict[str, Any]], files: _Files) -> str | list[dict[str,
 
 
 def to_model_messages(
-    messages: list[dict[str, Any]],
+    messages: list[UIMessage],
     *,
     system_prompt: str | None = None,
     files: Mapping[str, Attachment] | None = None,

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..types import Part, UIMessage
 from .folding import SETTLED_TOOL_STATES, is_tool_part, tool_name_of
 
 INTERRUPTED_TOOL_ERROR = "The tool call was interrupted before a result was recorded."
-
-Part = dict[str, Any]
 
 
 def normalize_input(value: Any) -> dict[str, Any]:
@@ -52,8 +51,8 @@ def default_repair(part: Part) -> Part:
 
 @dataclass
 class RepairReport:
-    messages: list[dict[str, Any]]
-    changed: list[dict[str, Any]] = field(default_factory=list)  # the messages that were rewritten
+    messages: list[UIMessage]
+    changed: list[UIMessage] = field(default_factory=list)  # the messages that were rewritten
     removed_tool_calls: int = 0
     normalized_inputs: int = 0
     tool_call_ids: list[str] = field(default_factory=list)
@@ -90,7 +89,7 @@ def _repair_part(part: Part, repair: Callable[[Part], Part], report: RepairRepor
     return replacement
 
 
-def repair_transcript(messages: list[dict[str, Any]], repair: Callable[[Part], Part]) -> RepairReport:
+def repair_transcript(messages: list[UIMessage], repair: Callable[[Part], Part]) -> RepairReport:
     """Repair every message; unchanged messages keep their identity, and nothing changes when none need it."""
     report = RepairReport(messages=[])
     for message in messages:
@@ -103,7 +102,7 @@ def repair_transcript(messages: list[dict[str, Any]], repair: Callable[[Part], P
     return report
 
 
-def pending_interaction(messages: list[dict[str, Any]], client_tool_names: set[str]) -> bool:
+def pending_interaction(messages: list[UIMessage], client_tool_names: set[str]) -> bool:
     """A human must act: an approval is requested, or a client tool waits for its result.
 
     A server tool left in `input-available` is not pending: its execution died with its worker.
@@ -120,7 +119,7 @@ def pending_interaction(messages: list[dict[str, Any]], client_tool_names: set[s
     return False
 
 
-def batch_complete(message: dict[str, Any]) -> bool:
+def batch_complete(message: UIMessage) -> bool:
     """Every tool call of the message has a result or an approval decision: it may be continued."""
     for part in message.get("parts") or []:
         if is_repairable(part) and not is_settled(part) and part.get("state") != "approval-responded":

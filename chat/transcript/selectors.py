@@ -14,6 +14,7 @@ from recovery.models import ACTIVE_STATUSES, Alarm, Fiber, Incident, Stream
 from recovery.stream.buffer import stream_chunks
 
 from ..models import Compaction, Conversation, Message
+from ..types import UIMessage
 from .folding import MessageAccumulator, fold_bodies
 from .repair import pending_interaction
 from .snapshot import TurnSnapshot
@@ -46,7 +47,7 @@ class Span:
 
     low: int
     high: int
-    summary: dict[str, Any]
+    summary: UIMessage
 
 
 def compacted_spans(conversation_id: int) -> list[Span]:
@@ -69,7 +70,7 @@ def compacted_spans(conversation_id: int) -> list[Span]:
     return spans
 
 
-def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, Any]]:
+def messages_list(*, conversation_id: int, raw: bool = False) -> list[UIMessage]:
     """The transcript as UIMessages, in order; compacted ranges show as their summary unless `raw`.
 
     Read with plain statements: every turn reads its transcript at least once. The messages a summary
@@ -81,7 +82,7 @@ def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, 
         sql = _MESSAGES.format(message=Message._meta.db_table, outside=outside)
         cursor.execute(sql, [conversation_id])
         rows = cursor.fetchall()
-    messages: list[dict[str, Any]] = []
+    messages: list[UIMessage] = []
     pending = iter(spans)
     span = next(pending, None)
     for message_id, role, parts, metadata, position in rows:
@@ -95,7 +96,7 @@ def messages_list(*, conversation_id: int, raw: bool = False) -> list[dict[str, 
     return messages
 
 
-def interaction_pending(*, conversation_id: int, extra: list[dict[str, Any]] | None = None) -> bool:
+def interaction_pending(*, conversation_id: int, extra: list[UIMessage] | None = None) -> bool:
     """True while a human must act: an approval is requested or a client tool awaits its result.
 
     `extra` adds messages not stored yet (the partial of an interrupted turn).
@@ -112,9 +113,9 @@ def conversation_stable(*, conversation_id: int) -> bool:
     return not conversation_busy(conversation_id) and not interaction_pending(conversation_id=conversation_id)
 
 
-def _ui_message(message_id: str, role: str, parts: Any, metadata: Any) -> dict[str, Any]:
+def _ui_message(message_id: str, role: str, parts: Any, metadata: Any) -> UIMessage:
     """A message row as its UIMessage (as Message.as_ui_message does)."""
-    message: dict[str, Any] = {"id": message_id, "role": role, "parts": json_column(parts)}
+    message: UIMessage = {"id": message_id, "role": role, "parts": json_column(parts)}
     if metadata is not None:
         decoded = json_column(metadata)
         if decoded is not None:

@@ -19,6 +19,7 @@ from recovery.models import Fiber, Stream
 from recovery.process.rows import prepared, row_insert
 
 from ..models import Compaction, Conversation, Message
+from ..types import UIMessage
 from .selectors import conversation_get
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def _next_position(conversation_id: int) -> int:
     return 0 if current is None else current + 1
 
 
-def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
+def message_upsert(*, conversation_id: int, message: UIMessage) -> Message:
     """Store a UIMessage: replace the one with this id, or append it. Call with the conversation locked."""
     existing = Message.objects.filter(conversation_id=conversation_id, message_id=message["id"]).first()
     if existing is not None:
@@ -74,9 +75,7 @@ def message_upsert(*, conversation_id: int, message: dict[str, Any]) -> Message:
     return _message_create(conversation_id, message, _next_position(conversation_id))
 
 
-def messages_append(
-    *, conversation_id: int, messages: list[dict[str, Any]], first: int | None = None
-) -> None:
+def messages_append(*, conversation_id: int, messages: list[UIMessage], first: int | None = None) -> None:
     """Append new UIMessages (ids the conversation does not have) in one insert, after the last one
     (`first`: the next position, when the caller read the last one under the same lock). Call with the
     conversation locked. Raw, with each JSON value prepared by its field as the ORM would (issue 37:
@@ -122,7 +121,7 @@ _REQUEST_SAVE = (
 )
 
 
-def _message_create(conversation_id: int, message: dict[str, Any], position: int) -> Message:
+def _message_create(conversation_id: int, message: UIMessage, position: int) -> Message:
     return Message.objects.create(
         conversation_id=conversation_id,
         message_id=message["id"],
@@ -133,7 +132,7 @@ def _message_create(conversation_id: int, message: dict[str, Any], position: int
     )
 
 
-def message_place(*, conversation_id: int, message: dict[str, Any], after_message_id: str | None) -> Message:
+def message_place(*, conversation_id: int, message: UIMessage, after_message_id: str | None) -> Message:
     """Store a turn's message right after the message its turn answered, even if newer messages were
     queued meanwhile (a second request accepted while the first streamed). Call with the lock held."""
     known = Message.objects.filter(conversation_id=conversation_id, message_id=message["id"]).exists()
@@ -150,7 +149,7 @@ def message_place(*, conversation_id: int, message: dict[str, Any], after_messag
 
 
 def transcript_repair_save(
-    *, fiber_id: Any, fencing: int, conversation_id: int, messages: list[dict[str, Any]]
+    *, fiber_id: Any, fencing: int, conversation_id: int, messages: list[UIMessage]
 ) -> None:
     """Store repaired messages, only while the repairing turn still holds its fiber."""
     with transaction.atomic():

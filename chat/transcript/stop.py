@@ -23,6 +23,7 @@ from recovery.models import Fiber, Stream
 from recovery.stream.buffer import stream_close
 
 from ..models import Message, Submission
+from ..types import Part
 from .completions import Ending, completion_record, root_of
 from .interactions import foreign_updates_apply
 from .repair import is_repairable, is_settled
@@ -78,7 +79,7 @@ class StopReport:
         }
 
 
-def settle_cancelled(parts: list[dict[str, Any]], settled: list[str]) -> list[dict[str, Any]]:
+def settle_cancelled(parts: list[Part], settled: list[str]) -> list[Part]:
     """The parts with every tool call still waiting marked as cancelled (`output-error`, a valid result
     for the model); the call ids it settled are added to `settled`."""
     out = []

@@ -35,6 +35,7 @@ from recovery.process.runtime import db
 from ..conf import frame_limits, think_setting
 from ..exceptions import ConversationBusy, FileRefused, ProtocolError
 from ..models import Conversation, Message
+from ..types import UIMessage
 from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
 from .branches import tail_set_aside
 from .compaction import COMPACTION_PREFIX
@@ -46,7 +47,7 @@ from .services import conversation_lock, conversation_request_save, message_upse
 from .snapshot import TurnKind, TurnSnapshot
 from .window import TRUNCATED_KEY
 
-Edit = tuple[dict[str, Any], int]  # an edited user message, and the stored position of its id
+Edit = tuple[UIMessage, int]  # an edited user message, and the stored position of its id
 
 RUN_TURN = "think.run_turn"  # the name of chat.tasks.run_turn, sent by name from here
 # The recovery alarms that start a continuation or a retry (chat.turn.continuation); a stop deletes them.
@@ -54,8 +55,10 @@ CONTINUE_CALLBACK = "chat_recovery_continue"
 RETRY_CALLBACK = "chat_recovery_retry"
 POLL_S = 0.1
 
+# Messages from user code (UIMessages, an id added when missing, or strings), or a function of the
+# transcript that returns them.
 Messages = list[dict[str, Any]]
-MessagesOrFunction = Messages | Callable[[Messages], Messages]
+MessagesOrFunction = Messages | Callable[[list[UIMessage]], Messages]
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ def turn_refusal(
 SERVER_PARTS = ("tool-", "dynamic-tool", "reasoning", "step-start", "source-")
 
 
-def client_message_problem(message: dict[str, Any]) -> str | None:
+def client_message_problem(message: UIMessage) -> str | None:
     """Why a client may not add this message (None when it may): a client writes user messages, and only
     the parts a user writes (text, files, data); an assistant's, system's or tool's message, or a tool
     call or reasoning in a user's, is the server's to write."""
@@ -198,7 +201,7 @@ def turn_snapshot(
     continuation: bool,
     root_request_id: str | None = None,
     incident_id: str | None = None,
-    appended: list[dict[str, Any]] | None = None,
+    appended: list[UIMessage] | None = None,
 ) -> TurnSnapshot:
     """The turn a fiber will run, taken before the model is called, so even a pre-stream crash is
     recoverable. `appended`: the messages the caller just added at the end of the transcript (under
@@ -224,7 +227,7 @@ def turn_snapshot(
     )
 
 
-def _latest_of(appended: list[dict[str, Any]]) -> tuple[tuple[str, str] | None, str | None]:
+def _latest_of(appended: list[UIMessage]) -> tuple[tuple[str, str] | None, str | None]:
     """The latest message (id, role) and latest user message id among messages just appended, where
     they tell it (None where they do not)."""
     if not appended:
@@ -359,7 +362,7 @@ def _request_files(conversation_id: int, request: ChatRequest, known: Collection
     return attachments_resolve(conversation_id, request.messages, check=check)
 
 
-def _new_messages(incoming: list[dict[str, Any]], known: Collection[str]) -> list[dict[str, Any]]:
+def _new_messages(incoming: list[UIMessage], known: Collection[str]) -> list[UIMessage]:
     """The messages of a request the server does not have, one per id (the last copy of an id wins).
     Clients echo the whole transcript with each request: only these are the request's own; a
     compaction's summary message is a view, never stored (clients echo it back)."""
@@ -393,13 +396,13 @@ def _edit_of(conversation_id: int, request: ChatRequest, known: Collection[str])
 
 def _reconcile(
     conversation_id: int,
-    incoming: list[dict[str, Any]],
+    incoming: list[UIMessage],
     trigger: str,
     *,
     known: dict[str, int],
     edit: Edit | None,
     last: int | None,
-) -> list[dict[str, Any]]:
+) -> list[UIMessage]:
     """Merge the client's transcript into ours: the server is authoritative for messages it has.
 
     New messages are appended in order. On regenerate, the client has dropped the last assistant
@@ -581,7 +584,7 @@ class TurnResult:
     status: str  # accepted, completed, error, aborted or skipped
 
 
-def ui_messages(value: Any) -> Messages:
+def ui_messages(value: Any) -> list[UIMessage]:
     """Messages from user code: UIMessages (an id is added when missing) or plain strings (user text)."""
     if isinstance(value, str | dict):
         value = [value]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import connection
 
@@ -25,6 +24,7 @@ from recovery.stream.encoding import dumps
 
 from ..conf import think_setting
 from ..models import Message
+from ..types import Part, UIMessage
 from ..wire.protocol import chat_messages_frame
 from .branches import annotate
 from .compaction import real_message_id
@@ -34,8 +34,6 @@ PAGE_ROWS = 200
 MAX_PAGE_MESSAGES = 1000  # the most a get-messages page returns, whatever `limit` asks
 TRUNCATED_KEY = "thinkTruncated"  # metadata of a message cut for display: {"bytes": its full size}
 NOTE_BYTES = 400  # room kept for the note that says a message was cut
-
-UIMessage = dict[str, Any]
 
 _ROWS_BEFORE = (
     "SELECT message_id, role, parts, metadata, position FROM {message}"
@@ -49,8 +47,8 @@ class Window:
     earlier: bool  # older messages exist before the first
 
 
-def message_bytes(message: UIMessage) -> int:
-    """The size of a message as the transcript frame carries it (compact JSON, UTF-8)."""
+def message_bytes(message: UIMessage | Part) -> int:
+    """The size of a message (or part) as the transcript frame carries it (compact JSON, UTF-8)."""
     return len(dumps(message).encode())
 
 

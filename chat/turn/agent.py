@@ -25,6 +25,7 @@ from recovery.process.runtime import db, maybe_await
 
 from ..conf import default_model
 from ..transcript.repair import default_repair
+from ..types import Chunk, Part
 from . import llm
 from .context import RunContext
 from .errors import default_chat_error_classifier
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 # What a request does while another turn is busy (see chat.transcript.turns.turn_accept).
 MESSAGE_CONCURRENCY_POLICIES = ("queue", "latest", "drop")
 
-ChunkCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
+ChunkCallback = Callable[[Chunk], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Think:
         """Called after every model step (and its tools); may be async."""
         return None
 
-    def repair_interrupted_tool_part(self, part: dict[str, Any]) -> dict[str, Any]:
+    def repair_interrupted_tool_part(self, part: Part) -> Part:
         """The replacement of a tool part an interruption left without a result (must be settled)."""
         return default_repair(part)
 

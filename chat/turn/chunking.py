@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from recovery.stream.buffer import Chunk as BufferedChunk
 from recovery.stream.buffer import ChunkPolicy
 
+from ..types import Chunk
 from .llm import Event, ReasoningDelta, StepFinish, TextDelta, ToolCallDelta, Usage
-
-Chunk = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class UIChunker:
         return chunks
 
     def _close_blocks(self) -> list[Chunk]:
-        chunks = [{"type": f"{kind}-end", "id": part_id} for kind, part_id in self._open.items()]
+        chunks: list[Chunk] = [{"type": f"{kind}-end", "id": part_id} for kind, part_id in self._open.items()]
         self._open.clear()
         return chunks
 
@@ -229,11 +229,11 @@ _COALESCED = {
 DELTA_PIECE_CHARS = 64_000
 
 
-def coalesce(chunks: list[Chunk]) -> list[Chunk]:
+def coalesce(chunks: list[BufferedChunk]) -> list[BufferedChunk]:
     """Consecutive deltas of one part become one chunk (its text is theirs, joined): what a client
     folds from them is the same message, and there is one chunk to store and one frame to send.
     No delta chunk comes out with more than DELTA_PIECE_CHARS of text: a longer one is cut in pieces."""
-    merged: list[Chunk] = []
+    merged: list[BufferedChunk] = []
     for chunk in chunks:
         rule = _COALESCED.get(chunk.get("type"))  # type: ignore[arg-type]
         if rule is None:
@@ -263,7 +263,7 @@ def coalesce(chunks: list[Chunk]) -> list[Chunk]:
     return merged
 
 
-def _delta_size(chunk: Chunk) -> int:
+def _delta_size(chunk: BufferedChunk) -> int:
     delta = chunk.get("delta")
     return len(delta) if isinstance(delta, str) else 64
 

@@ -30,6 +30,7 @@ from ..transcript.completions import (
     completions_due,
     completions_prune,
 )
+from ..types import UIMessage
 from .agent import Think
 from .registry import agent_class, agent_for
 
@@ -45,13 +46,14 @@ class TurnCompleted:
     conversation_id: int
     request_id: str  # the turn's request id (what save_messages, submit_messages or the client used)
     ending: str  # completed, recovered, exhausted, cancelled, failed or skipped (TurnCompletion.Ending)
-    message: dict[str, Any] | None  # its answer as stored (None when it stored none)
+    message: UIMessage | None  # its answer as stored (None when it stored none)
     error: str = ""  # the terminal text of an exhausted or failed turn
     last_request_id: str = ""  # the request that ended it (a recovery's continuation, say)
 
     @property
     def text(self) -> str:
-        parts = (self.message or {}).get("parts") or []
+        message: UIMessage | dict[str, Any] = self.message or {}
+        parts = message.get("parts") or []
         return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
 
 

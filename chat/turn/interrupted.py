@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import async_to_sync
 from django.db import transaction
@@ -38,6 +38,7 @@ from ..transcript.selectors import conversation_get, interaction_pending, messag
 from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
 from ..transcript.turns import CONTINUE_CALLBACK, RETRY_CALLBACK, RUN_TURN, turn_enqueue_pending
+from ..types import Part, UIMessage
 from ..wire import broadcast
 from ..wire.protocol import recovering_frame, response_frame
 from . import tracing
@@ -59,7 +60,7 @@ class InterruptedTurn:
     stream: Stream | None
     partial: MessageAccumulator
     last_seq: int
-    messages: list[dict[str, Any]]
+    messages: list[UIMessage]
     agent: Think | None = None
     chat_recovery: ChatRecovery | None = None
 
@@ -117,7 +118,7 @@ class InterruptedTurn:
         return self.partial.text
 
     @property
-    def partial_parts(self) -> list[dict[str, Any]]:
+    def partial_parts(self) -> list[Part]:
         return self.partial.parts
 
     @property
@@ -223,7 +224,7 @@ def give_up_target(*, conversation_id: int, incident: Incident) -> InterruptedTu
 
 def orphan_persist(
     *, target: InterruptedTurn, persist: bool, status: str = Stream.Status.COMPLETED
-) -> list[dict[str, Any]]:
+) -> list[UIMessage]:
     """Store the partial under the stream's message id (if asked and non-empty) and close the stream."""
     assert target.stream is not None
     with transaction.atomic():
@@ -325,7 +326,7 @@ def _context(work: InterruptedTurn, incident: Incident) -> ChatRecoveryContext:
         # Copies: a hook that edits what it is given must not change what the engine persists.
         partial_parts=copy.deepcopy(work.partial.parts),
         recovery_data=work.recovery_data,
-        messages=copy.deepcopy(work.messages),
+        messages=cast(list[dict[str, Any]], copy.deepcopy(work.messages)),  # plain JSON to recovery
         last_body=work.last_body,
         last_client_tools=work.last_client_tools,
         created_at=work.created_at_ms,

@@ -26,6 +26,7 @@ from ..transcript.interactions import result_update
 from ..transcript.model_messages import to_model_messages
 from ..transcript.repair import INTERRUPTED_TOOL_ERROR as INTERRUPTED
 from ..transcript.selectors import messages_list
+from ..types import Chunk, UIMessage
 from . import faults, llm, tracing
 from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, Usage
@@ -72,7 +73,7 @@ class ModelLoop:
         self,
         *,
         agent: Think,
-        messages: list[dict[str, Any]],
+        messages: list[UIMessage],
         toolset: Toolset,
         accumulator: MessageAccumulator,
         continuation: bool,
@@ -104,7 +105,7 @@ class ModelLoop:
         self.on_spend = on_spend  # each step's usage and cost, as it ends (the runner records them)
         self.files: dict[str, Attachment] = {}  # the bytes of the history's files, by id, read once
 
-    async def _emit_all(self, chunks: list[dict[str, Any]], cursor: ResponseCursor | None = None) -> None:
+    async def _emit_all(self, chunks: list[Chunk], cursor: ResponseCursor | None = None) -> None:
         """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
         before (a crash would lose the chunk) nor after (a resume would repeat it)."""
         if cursor is not None and not chunks:
@@ -186,12 +187,12 @@ class ModelLoop:
             tokens += count(self.accumulator.message())
         return Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
 
-    def _before_extended(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _before_extended(self, messages: list[UIMessage]) -> list[UIMessage]:
         """The history before the message a continuation extends (the accumulator holds that one)."""
         index = next((i for i, m in enumerate(messages) if m.get("id") == self.extends), None)
         return messages if index is None else messages[:index]
 
-    def _last_assistant(self) -> dict[str, Any] | None:
+    def _last_assistant(self) -> UIMessage | None:
         """The message a human answered (approvals, a cut-off tool call): the extended one, if any."""
         if self.extends is not None:
             return self.accumulator.message()
@@ -252,7 +253,8 @@ class ModelLoop:
     def _reattach_blocker(self) -> str | None:
         """Why the stored generation must not be rejoined: a tool call it was streaming when the turn
         died is in the transcript as interrupted, and rejoining would emit that call a second time."""
-        for part in (self._last_assistant() or {}).get("parts") or []:
+        last: UIMessage | dict[str, Any] = self._last_assistant() or {}
+        for part in last.get("parts") or []:
             if (
                 is_tool_part(part)
                 and part.get("state") == "output-error"

@@ -41,6 +41,7 @@ from ..transcript.repair import repair_transcript
 from ..transcript.selectors import messages_list, stream_partial
 from ..transcript.services import transcript_repair_save
 from ..transcript.snapshot import FiberSnapshot
+from ..types import Chunk, UIMessage
 from ..wire import broadcast
 from ..wire.protocol import chunk_framer, response_frame
 from . import errors, faults, llm, tracing
@@ -143,7 +144,7 @@ class TurnRunner:
         # A continuation extends the assistant message it continues (set in run); others write a new one.
         self.extends_id: str | None = turn.extends_assistant_message if turn is not None else None
         self.message_id = self.extends_id or str(uuid.uuid4())
-        self.base_message: dict[str, Any] | None = None
+        self.base_message: UIMessage | None = None
         self.accumulator = MessageAccumulator(self.message_id)
         self.writer: StreamWriter | None = None
         self.stream_id: Any = None
@@ -253,7 +254,7 @@ class TurnRunner:
         if self.producer is not None and not self.producer.done():
             self.producer.cancel()
 
-    async def _supervise(self, agent: Think, messages: list[dict[str, Any]]) -> None:
+    async def _supervise(self, agent: Think, messages: list[UIMessage]) -> None:
         if self.stop_reason == "cancel":  # signalled before the model was called
             await self._finish(None)
             return
@@ -308,7 +309,7 @@ class TurnRunner:
         kind = classify(agent, error, stage="stream", request_id=self.request_id)
         return kind if kind in errors.RECOVERABLE else None
 
-    async def _produce(self, agent: Think, messages: list[dict[str, Any]]) -> None:
+    async def _produce(self, agent: Think, messages: list[UIMessage]) -> None:
         agent.context = await db(
             run_context_load,
             agent=agent,
@@ -323,7 +324,7 @@ class TurnRunner:
             toolset = Toolset([*own, *mcp_tools], self.client_tools)
             await self._produce_with(agent, messages, toolset)
 
-    async def _produce_with(self, agent: Think, messages: list[dict[str, Any]], toolset: Toolset) -> None:
+    async def _produce_with(self, agent: Think, messages: list[UIMessage], toolset: Toolset) -> None:
         overflow = agent.get_context_overflow()
         attempt = 0
         while True:
@@ -355,7 +356,7 @@ class TurnRunner:
             attempt += 1
             messages = await db(messages_list, conversation_id=self.conversation_id)
 
-    def _extend(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _extend(self, messages: list[UIMessage]) -> list[UIMessage]:
         """The history the model loop sees; a continuation's message moves into the accumulator.
 
         The continuation folds its chunks onto that message (as clients do, told by
@@ -400,7 +401,7 @@ class TurnRunner:
         self.accumulator = MessageAccumulator(self.message_id)  # a continuation's is reset by _extend
         await self._open_stream(next_seq=self.writer.next_seq)
 
-    async def _repair(self, agent: Think, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _repair(self, agent: Think, messages: list[UIMessage]) -> list[UIMessage]:
         """Repair interrupted tool calls before the model sees the transcript; persisted, fenced."""
         report = repair_transcript(messages, agent.repair_interrupted_tool_part)
         if not report.any:
@@ -448,7 +449,7 @@ class TurnRunner:
             },
         )
 
-    async def _emit(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> None:
+    async def _emit(self, chunk: Chunk, cursor: dict[str, Any] | None = None) -> None:
         assert self.writer is not None
         self.accumulator.apply(chunk)
         if self.writer.add(chunk, cursor):

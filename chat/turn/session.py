@@ -20,13 +20,13 @@ from ..models import Compaction
 from ..transcript.compaction import (
     CompactionResult,
     TokenCounter,
-    UIMessage,
     compaction_store,
     estimate_tokens,
     render_transcript,
     tail_start,
 )
 from ..transcript.selectors import messages_list
+from ..types import UIMessage
 
 if TYPE_CHECKING:
     from .agent import Think

@@ -31,6 +31,7 @@ from recovery.process.runtime import maybe_await
 
 from ..exceptions import ToolError, ToolSchemaError
 from ..transcript.folding import tool_name_of
+from ..types import Chunk, Part
 from .context import RunContext
 from .tool_schema import Signature, docstring_parts, read_signature, validation_message
 
@@ -183,7 +184,7 @@ class ToolOutcome:
     failure: BaseException | None = None  # an unexpected exception: a fault (chat.turn.faults)
     detail: str | None = None  # the failure as operators see it (traces), never sent
 
-    def chunk(self, tool_call_id: str) -> dict[str, Any]:
+    def chunk(self, tool_call_id: str) -> Chunk:
         if self.error_text is not None or self.failure is not None:
             # A failure is never sent as it is (chat.turn.faults names it); unrecorded, it says only this.
             text = self.error_text if self.error_text is not None else "The tool failed."
@@ -222,7 +223,7 @@ def input_problem(item: Tool, tool_input: Any) -> str | None:
     return None
 
 
-def approved_call_problem(item: Tool | None, part: dict[str, Any]) -> str | None:
+def approved_call_problem(item: Tool | None, part: Part) -> str | None:
     """Why an approved call cannot run now (the model reads it as the call's error); None when it can.
 
     An MCP tool approved on one server runs there or nowhere: its name may have passed to another

@@ -19,6 +19,7 @@ from recovery.process.runtime import db
 
 from ..conf import think_setting
 from ..transcript.window import transcript_frame
+from ..types import UIMessage
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ async def _heard_by_others(conversation_id: int, exclude: list[str]) -> bool:
         return True
 
 
-def announcer(conversation_id: int) -> Callable[[dict[str, Any]], None]:
+def announcer(conversation_id: int) -> Callable[[UIMessage], None]:
     """What a client's tool answer announces its updated message with: every client of the
     conversation, the sender too, replaces the message by id. Run on commit, in the database thread,
     before the continuation the answer completes is sent to a worker: published after it, a slow web
@@ -145,7 +146,7 @@ def announcer(conversation_id: int) -> Callable[[dict[str, Any]], None]:
     the copy would wipe it from the screen."""
     from .protocol import message_updated_frame
 
-    def announce(message: dict[str, Any]) -> None:
+    def announce(message: UIMessage) -> None:
         publish_sync(conversation_id, message_updated_frame(message))
 
     return announce

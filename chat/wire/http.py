@@ -46,6 +46,7 @@ from ..transcript.interactions import tool_approval_apply, tool_part_name, tool_
 from ..transcript.turns import turn_accept
 from ..turn.actions import astop_conversation
 from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
+from ..types import UIMessage
 from . import protocol as p
 from . import silence
 from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, accept_announcer, announcer, group_name
@@ -236,7 +237,7 @@ _SETTLED = ("output-available", "output-error", "output-denied")
 
 
 def tool_answers(
-    *, conversation_id: int, message: dict[str, Any], client_tools: Any, limits: p.Limits
+    *, conversation_id: int, message: UIMessage, client_tools: Any, limits: p.Limits
 ) -> list[p.ToolResult | p.ToolApproval]:
     """What an assistant message sent back by the AI SDK answers: each tool part the client settled
     (`addToolOutput`) or decided (`addToolApprovalResponse`) that the stored message still waits for.
@@ -268,7 +269,7 @@ def tool_answers(
                 "clientTools": client_tools,
             }
         elif state == "approval-responded" and was.get(call) in (None, "approval-requested"):
-            approval = part.get("approval") if isinstance(part.get("approval"), dict) else {}
+            approval: Any = part.get("approval") if isinstance(part.get("approval"), dict) else {}
             frame = {"type": p.TOOL_APPROVAL, "toolCallId": call, "approved": approval.get("approved")}
         else:
             continue

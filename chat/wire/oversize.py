@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from ..transcript.window import message_bytes, truncated_for_display
+from ..types import UIMessage
 from . import protocol as p
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def fit_frame(text: str, limit: int = SEND_LIMIT_BYTES) -> str:
             {**frame, "message": truncated_for_display(frame["message"], limit - FRAME_ROOM_BYTES)}
         )
     if kind == p.CHAT_MESSAGES:
-        messages: list[dict[str, Any]] = frame.get("messages") or []
+        messages: list[UIMessage] = frame.get("messages") or []
         share = (limit - FRAME_ROOM_BYTES) // max(1, len(messages))
         cut = [truncated_for_display(m, share) if message_bytes(m) > share else m for m in messages]
         return p.dumps({**frame, "messages": cut})

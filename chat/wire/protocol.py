@@ -12,6 +12,7 @@ from typing import Any
 from recovery.stream.encoding import dumps
 
 from ..exceptions import AnswerRefused, LimitExceeded, ProtocolError
+from ..types import UIMessage
 
 USE_CHAT_REQUEST = "cf_agent_use_chat_request"
 USE_CHAT_RESPONSE = "cf_agent_use_chat_response"
@@ -66,7 +67,7 @@ DEFAULT_LIMITS = Limits()
 @dataclass(frozen=True)
 class ChatRequest:
     id: str
-    messages: list[dict[str, Any]]
+    messages: list[UIMessage]
     trigger: str
     extra: dict[str, Any] = field(default_factory=dict)  # custom body fields, kept as request context
     client_tools: list[dict[str, Any]] | None = None
@@ -123,7 +124,7 @@ class ToolApproval:
 
 @dataclass(frozen=True)
 class ClientMessages:
-    messages: list[dict[str, Any]]
+    messages: list[UIMessage]
 
 
 Frame = (
@@ -246,7 +247,7 @@ def _str_field(
     return value
 
 
-def validate_ui_message(message: Any) -> dict[str, Any]:
+def validate_ui_message(message: Any) -> UIMessage:
     if not isinstance(message, dict):
         raise ProtocolError("each message must be an object")
     if not isinstance(message.get("id"), str) or not message["id"] or len(message["id"]) > MAX_ID_LENGTH:
@@ -267,7 +268,7 @@ def validate_ui_message(message: Any) -> dict[str, Any]:
     return {"id": message["id"], "role": message["role"], "parts": parts, "metadata": message.get("metadata")}
 
 
-def check_message_limits(message: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> None:
+def check_message_limits(message: UIMessage, limits: Limits = DEFAULT_LIMITS) -> None:
     """Refuse a (validated) UIMessage with too many parts or too much JSON.
 
     The server applies this to the messages a request adds: clients echo the whole transcript, and the
@@ -461,7 +462,7 @@ def identity_frame(name: str, agent: str) -> str:
     return dumps({"type": IDENTITY, "name": name, "agent": agent})
 
 
-def chat_messages_frame(messages: list[dict[str, Any]], *, earlier: bool = False) -> str:
+def chat_messages_frame(messages: list[UIMessage], *, earlier: bool = False) -> str:
     """The transcript; `earlier` (sent only when true) says older messages exist than the first
     (chat.transcript.window; clients that do not know the field ignore it)."""
     frame: dict[str, Any] = {"type": CHAT_MESSAGES, "messages": messages}
@@ -532,5 +533,5 @@ def recovering_frame(recovering: bool, request_id: str | None = None) -> str:
     return dumps(frame)
 
 
-def message_updated_frame(message: dict[str, Any]) -> str:
+def message_updated_frame(message: UIMessage) -> str:
     return dumps({"type": MESSAGE_UPDATED, "message": message})

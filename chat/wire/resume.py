@@ -28,6 +28,7 @@ from ..transcript.services import message_upsert
 from ..transcript.snapshot import FiberSnapshot
 from ..transcript.window import Window, transcript_window
 from ..turn.interrupted import recovering_flag_active
+from ..types import Part, UIMessage
 from .presence import connection_present
 from .protocol import dumps, response_frame
 
@@ -168,7 +169,7 @@ def _finalize_orphan(stream: Stream) -> Replay:
     return Replay(frames, last + 1, messages=messages, pages=pages, closing=(end,))
 
 
-def _replay_frames(stream: Stream, base: dict[str, Any] | None) -> tuple[list[str], int, Pages | None]:
+def _replay_frames(stream: Stream, base: UIMessage | None) -> tuple[list[str], int, Pages | None]:
     """Every stored chunk of a stream still running (or orphaned), for a client that ACKed it.
 
     A continuation's chunks extend a stored message that the client may not show the way the
@@ -204,7 +205,7 @@ def _chunk_frames(
     ]
 
 
-def _extended_message(stream: Stream) -> dict[str, Any] | None:
+def _extended_message(stream: Stream) -> UIMessage | None:
     """The stored message a continuation's replay shows whole; None to replay it as a continuation.
 
     ai@7 (the published client's resume path) carries on the last assistant message in place when it
@@ -220,7 +221,7 @@ def _extended_message(stream: Stream) -> dict[str, Any] | None:
     return row.as_ui_message()
 
 
-def _continued_in_place(part: dict[str, Any]) -> bool:
+def _continued_in_place(part: Part) -> bool:
     state = part.get("state")
     return state in ("approval-responded", "input-streaming") or (
         state == "input-available" and bool(part.get("providerExecuted"))

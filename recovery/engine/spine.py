@@ -28,7 +28,7 @@ from recovery.engine.alarms import alarm_claim, alarm_schedule
 from recovery.engine.context import ChatRecoveryOptions
 from recovery.engine.store import incident_begin, incident_save, incident_set_status
 from recovery.engine.targets import Interrupted, RecoveryTarget, recovery_target
-from recovery.lease.fibers import fiber_mark_recovered
+from recovery.lease.fibers import FiberId, fiber_mark_recovered
 from recovery.process import dispatch
 from recovery.process.runtime import db, maybe_await
 
@@ -56,7 +56,7 @@ def event_payload(incident: Incident) -> dict[str, Any]:
     }
 
 
-async def arecover_fiber(fiber_id: Any, *, retry_after_s: float | None = None) -> None:
+async def arecover_fiber(fiber_id: FiberId, *, retry_after_s: float | None = None) -> None:
     """Handle one interrupted fiber; an exception leaves it interrupted for a later tick.
 
     `retry_after_s`: how long the provider asked to wait, when a model error interrupted the fiber.

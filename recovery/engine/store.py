@@ -19,7 +19,7 @@ from recovery.budget.incidents import (
     evaluate_incident,
     is_stale,
 )
-from recovery.lease.fibers import fiber_interrupted, fiber_spend
+from recovery.lease.fibers import FiberId, fiber_interrupted, fiber_spend
 from recovery.models import Incident as IncidentRow
 from recovery.models import owner_model
 
@@ -113,7 +113,7 @@ def incident_begin(
     config: ChatRecovery,
     now_ms: int,
     awaiting: bool,
-    fiber_id: Any = None,
+    fiber_id: FiberId | None = None,
 ) -> Evaluation | None:
     """Open or re-evaluate an incident against the conversation's progress counter, and persist it;
     `fiber_id`: the interrupted run, whose spend counts when it was one of the recovery's attempts.

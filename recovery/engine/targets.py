@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 if TYPE_CHECKING:
     from recovery.budget.incidents import ChatRecovery, Incident
     from recovery.engine.context import ChatRecoveryOptions
+    from recovery.lease.fibers import FiberId
     from recovery.models import Incident as IncidentRow
 
 
@@ -26,7 +27,7 @@ class Interrupted(Protocol):
     rest)."""
 
     @property
-    def fiber_id(self) -> Any: ...
+    def fiber_id(self) -> FiberId: ...
     @property
     def owner_id(self) -> int: ...  # the row that owns the fiber (recovery.models.owner_model)
     @property
@@ -77,7 +78,7 @@ class RecoveryTarget(ABC):
     # -- the engine's steps ------------------------------------------------------------------------------
 
     @abstractmethod
-    async def load(self, fiber_id: Any) -> Interrupted | None:
+    async def load(self, fiber_id: FiberId) -> Interrupted | None:
         """The interrupted fiber with what the owner needs to recover it; None if it is not interrupted."""
 
     @abstractmethod

@@ -36,10 +36,14 @@ STASH_SLOT = "user"  # what the running work keeps for its recovery (fiber_stash
 CURSOR_SLOT = "reattach"  # the provider cursor the stream's segment writes record (recovery.stream.buffer)
 TRACE_SLOT = "trace"  # the trace context of the fiber's run (fiber_trace_record, recovery.observe.tracing)
 
+# A fiber's id: its primary key (Fiber.id, a UUID), or that UUID as text, the form task arguments and
+# the owning app's records carry. The ORM and the raw statements here take either.
+FiberId = uuid.UUID | str
+
 
 @dataclass(frozen=True)
 class Claim:
-    fiber_id: Any
+    fiber_id: uuid.UUID
     fencing: int
     conversation_id: int
     request_id: str
@@ -87,7 +91,7 @@ RETURNING f.fencing, f.conversation_id, f.request_id, f.kind, f.snapshot
 
 
 def fiber_claim(
-    *, fiber_id: Any, owner: str, fields: Sequence[str] = (), session: int | None = None
+    *, fiber_id: FiberId, owner: str, fields: Sequence[str] = (), session: int | None = None
 ) -> Claim | None:
     """Take the lease of a pending fiber; None when it is not pending or its conversation is busy.
 
@@ -133,7 +137,7 @@ class Heartbeat:
     cancel_requested: bool = False
 
 
-def fiber_heartbeat(*, fiber_id: Any, fencing: int) -> Heartbeat:
+def fiber_heartbeat(*, fiber_id: FiberId, fencing: int) -> Heartbeat:
     """Renew the lease; tells whether it is still ours and whether a cancel was asked for."""
     fiber = Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING)
     if not fiber.update(lease_expires_at=Now() + lease_ttl(), heartbeat_at=Now()):
@@ -142,7 +146,7 @@ def fiber_heartbeat(*, fiber_id: Any, fencing: int) -> Heartbeat:
     return Heartbeat(alive=True, cancel_requested=cancel)
 
 
-def fiber_finish(*, fiber_id: Any, fencing: int, status: str, error: str = "") -> None:
+def fiber_finish(*, fiber_id: FiberId, fencing: int, status: str, error: str = "") -> None:
     """Mark a fiber finished; raises LeaseLost if it is no longer ours. Call inside the final transaction."""
     updated = Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
         status=status, error=error, finished_at=Now(), lease_expires_at=None, lease_owner=""
@@ -160,7 +164,7 @@ RETURNING request_id, snapshot
 
 
 def fiber_finish_on(
-    cursor: Any, *, fiber_id: Any, fencing: int, status: str, error: str = ""
+    cursor: Any, *, fiber_id: FiberId, fencing: int, status: str, error: str = ""
 ) -> tuple[str, Any]:
     """fiber_finish as one plain statement on the caller's cursor (inside its transaction, among its
     own statements); the fiber's request id and snapshot. Raises LeaseLost if it is no longer ours."""
@@ -225,7 +229,7 @@ class StoppedFiber:
     """A fiber a stop cancelled, as it was: what its owner must settle (a stream left open by a running
     or interrupted one; a request a queued one never answered)."""
 
-    fiber_id: Any
+    fiber_id: FiberId
     request_id: str
     status: str  # before the stop: pending, running or interrupted
     snapshot: Any
@@ -279,7 +283,7 @@ def fibers_mark_resent(*, ids: Sequence[Any]) -> None:
     Fiber.objects.filter(pk__in=ids, status=Fiber.Status.PENDING).update(heartbeat_at=Now())
 
 
-def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
+def fiber_stash(*, fiber_id: FiberId, fencing: int, data: Any) -> None:
     """Store user data in the running fiber's snapshot (`ctx.recovery_data` on recovery), fenced.
 
     Only STASH_SLOT changes, in one statement: the stream's segment writes set CURSOR_SLOT beside it.
@@ -293,7 +297,7 @@ def fiber_stash(*, fiber_id: Any, fencing: int, data: Any) -> None:
 
 
 def fiber_spend_add(
-    *, fiber_id: Any, fencing: int, input_tokens: int, output_tokens: int, cached_tokens: int, cost: Any
+    *, fiber_id: FiberId, fencing: int, input_tokens: int, output_tokens: int, cached_tokens: int, cost: Any
 ) -> bool:
     """Add one model step's spend to the running fiber, fenced; False when it is no longer ours. `cost`
     None (an unpriced model) leaves the cost as it is."""
@@ -318,24 +322,24 @@ WHERE id = %(fiber)s AND fencing = %(fencing)s AND status = 'running'
 """
 
 
-def fiber_interrupted(fiber_id: Any) -> bool:
+def fiber_interrupted(fiber_id: FiberId) -> bool:
     """Whether the fiber still waits for the recovery engine (a stop cancels it)."""
     return Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED).exists()
 
 
-def fiber_spend(fiber_id: Any) -> tuple[int, Any]:
+def fiber_spend(fiber_id: FiberId) -> tuple[int, Any]:
     """What a fiber spent: its tokens (input + output) and its cost (None when unpriced)."""
     row = Fiber.objects.filter(pk=fiber_id).values_list("input_tokens", "output_tokens", "cost").first()
     return (0, None) if row is None else (row[0] + row[1], row[2])
 
 
-def fiber_trace_record(*, fiber_id: Any, fencing: int, carrier: dict[str, str]) -> bool:
+def fiber_trace_record(*, fiber_id: FiberId, fencing: int, carrier: dict[str, str]) -> bool:
     """Record the trace context of the fiber's run (TRACE_SLOT), for the spans of its recovery; fenced,
     False when the fiber is no longer ours."""
     return _slot_set(TRACE_SLOT, json.dumps(carrier), fiber_id=fiber_id, fencing=fencing)
 
 
-def _slot_set(slot: str, encoded: str, *, fiber_id: Any, fencing: int) -> bool:
+def _slot_set(slot: str, encoded: str, *, fiber_id: FiberId, fencing: int) -> bool:
     """Set one slot of a running fiber's snapshot in one fenced statement; False when it is not ours."""
     sql = (
         f"UPDATE {Fiber._meta.db_table}"
@@ -347,7 +351,7 @@ def _slot_set(slot: str, encoded: str, *, fiber_id: Any, fencing: int) -> bool:
         return bool(cursor.rowcount)
 
 
-def fiber_mark_recovered(*, fiber_id: Any) -> None:
+def fiber_mark_recovered(*, fiber_id: FiberId) -> None:
     """The engine has handled an interrupted fiber (its continuation, if any, is a fiber of its own)."""
     Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.INTERRUPTED).update(
         status=Fiber.Status.RECOVERED, finished_at=Now(), lease_expires_at=None
@@ -393,7 +397,7 @@ def fibers_take_expired(limit: int) -> list[tuple[Any, str]]:
     return rows
 
 
-def fiber_interrupt(*, fiber_id: Any, fencing: int, reason: str = "") -> bool:
+def fiber_interrupt(*, fiber_id: FiberId, fencing: int, reason: str = "") -> bool:
     """A worker hands its own fiber to recovery at once (stall, shutdown): fenced, so only the owner can."""
     return bool(
         Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(
@@ -402,14 +406,14 @@ def fiber_interrupt(*, fiber_id: Any, fencing: int, reason: str = "") -> bool:
     )
 
 
-def fiber_mark_worker_lost(*, fiber_id: Any) -> bool:
+def fiber_mark_worker_lost(*, fiber_id: FiberId) -> bool:
     """Celery saw the pool child running this fiber die (SIGKILL, often the OOM killer)."""
     return bool(
         Fiber.objects.filter(pk=fiber_id, status=Fiber.Status.RUNNING).update(interruption="worker_lost")
     )
 
 
-def fiber_release(*, fiber_id: Any, fencing: int) -> bool:
+def fiber_release(*, fiber_id: FiberId, fencing: int) -> bool:
     """Let the lease lapse now, so the next tick hands the fiber to recovery (worker shutdown)."""
     return bool(
         Fiber.objects.filter(pk=fiber_id, fencing=fencing, status=Fiber.Status.RUNNING).update(

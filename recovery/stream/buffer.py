@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from recovery.conf import setting
 from recovery.exceptions import LeaseLost
-from recovery.lease.fibers import CURSOR_SLOT, lease_ttl
+from recovery.lease.fibers import CURSOR_SLOT, FiberId, lease_ttl
 from recovery.models import Fiber, Segment, Stream, owner_model
 from recovery.stream.encoding import dumps
 
@@ -42,7 +42,8 @@ BACKLOG_BATCHES = 50
 BACKLOG_BYTES = 4 * MAX_SEGMENT_BYTES
 
 Publish = Callable[[list[tuple[int, str]]], Awaitable[None]]
-Chunk = dict[str, Any]
+# A chunk of the owning app (chat's: chat.types.Chunk) as the buffer sees it: a JSON object with a "type".
+Chunk = Mapping[str, Any]
 
 
 def _unmerged(chunks: list[Chunk]) -> list[Chunk]:
@@ -117,7 +118,7 @@ class SegmentWrite:
 class SegmentEntry:
     """One fiber's part of a group write: its segments (none for a lease renewal alone) and credit."""
 
-    fiber_id: Any
+    fiber_id: FiberId
     fencing: int
     stream_id: Any = None
     segments: tuple[tuple[int, int, str], ...] = ()  # (seq_start, seq_end, body)
@@ -209,7 +210,7 @@ def segments_write(entries: list[SegmentEntry]) -> dict[Any, SegmentWrite]:
 
 def segment_append(
     *,
-    fiber_id: Any,
+    fiber_id: FiberId,
     fencing: int,
     stream_id: Any,
     seq_start: int,
@@ -235,7 +236,13 @@ RETURNING id
 
 
 def stream_open(
-    *, conversation_id: int, fiber_id: Any, fencing: int, request_id: str, message_id: str, continuation: bool
+    *,
+    conversation_id: int,
+    fiber_id: FiberId,
+    fencing: int,
+    request_id: str,
+    message_id: str,
+    continuation: bool,
 ) -> Any:
     """Create the stream row of a turn, if the fiber is still ours (one fenced statement)."""
     sql = _STREAM_OPEN.format(stream=Stream._meta.db_table, fiber=Fiber._meta.db_table)
@@ -301,7 +308,7 @@ class StreamWriter:
         self,
         *,
         stream_id: Any,
-        fiber_id: Any,
+        fiber_id: FiberId,
         fencing: int,
         frame: Frame,
         policy: ChunkPolicy = ChunkPolicy(),  # noqa: B008 (frozen: one shared default is fine)
@@ -326,7 +333,7 @@ class StreamWriter:
             None  # ("cancel"|"lease"|"database")
         )
         self.last_write = time.monotonic()
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[Chunk] = []
         self._buffer_bytes = 0  # a rough size, from the deltas' lengths
         self._buffered_since = 0.0
         self._credit = 0
@@ -354,7 +361,7 @@ class StreamWriter:
         """The provider cursor reached by the chunks added so far: stored with the next segment."""
         self._cursor = cursor
 
-    def add(self, chunk: dict[str, Any], cursor: dict[str, Any] | None = None) -> bool:
+    def add(self, chunk: Chunk, cursor: dict[str, Any] | None = None) -> bool:
         """Buffer one chunk; True when the turn must wait until it is stored (first content, a tool
         milestone, or a backlog of `BACKLOG_BATCHES` full batches).
 
