@@ -28,10 +28,12 @@ class ChatConfig(AppConfig):
         from recovery.engine.targets import register_target
         from recovery.stream.flusher import register_fanout
 
-        from . import checks  # noqa: F401
+        from . import (
+            broadcast,
+            checks,  # noqa: F401
+        )
         from .transcript import completions, submissions
         from .turn import continuation, deliveries, interrupted
-        from .wire import broadcast
 
         # Every turn's frames of a flusher tick leave for the web processes together.
         register_fanout(broadcast.publish_frames_many)

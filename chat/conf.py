@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from recovery.conf import DEFAULTS as RECOVERY_DEFAULTS
 from recovery.conf import setting
 
-from .wire.protocol import Limits
+from .protocol import Limits
 
 DEFAULTS: dict[str, Any] = {
     # The recovery layer's keys (flush policy, leases, the tick, ...): recovery.conf.

@@ -2,7 +2,7 @@
 chunks (the v6 chunk set, which both client majors read; chat.turn.chunking makes them).
 
 Types only: this module imports nothing from Django or the apps, so every layer may use it, the wire
-codec (chat.wire.protocol) included.
+codec (chat.protocol) included.
 
 Code reads and updates parts by key, often with keys it picks at run time, so a part travels as `Part`,
 a plain dict; the per-kind TypedDicts below say what each kind holds. A `Chunk` is one TypedDict with

@@ -17,8 +17,8 @@ from channels.layers import get_channel_layer
 from django.db import connection
 from django.utils import timezone
 
+from chat.broadcast import group_name
 from chat.models import Conversation, Message
-from chat.wire.broadcast import group_name
 from recovery.models import Alarm, Fiber, Incident
 
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC, in epoch milliseconds

@@ -48,7 +48,7 @@ def test_the_built_in_bases_callers_catch_are_kept() -> None:
 
 def test_the_old_import_paths_name_the_same_classes() -> None:
     from chat.access import AccessDenied
-    from chat.wire.protocol import ProtocolError
+    from chat.protocol import ProtocolError
     from recovery.lease.fibers import LeaseLost
 
     assert AccessDenied is chat.exceptions.AccessDenied

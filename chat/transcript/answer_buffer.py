@@ -16,7 +16,7 @@ from recovery.models import Fiber, Segment
 
 from ..conf import think_setting
 from ..models import Conversation
-from ..wire.protocol import json_size
+from ..protocol import json_size
 
 IN_FLIGHT = (Fiber.Status.RUNNING, Fiber.Status.INTERRUPTED)  # their message is not stored yet
 

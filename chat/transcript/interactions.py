@@ -15,8 +15,8 @@ from typing import Any
 from django.db import transaction
 
 from ..models import Conversation, Message
+from ..protocol import ToolApproval, ToolResult
 from ..types import Part, UIMessage
-from ..wire.protocol import ToolApproval, ToolResult
 from .answer_buffer import already_buffered, buffer_refusal, buffered_copy, turn_in_flight
 from .quotas import principal_refusal, principal_turn_counted
 from .repair import batch_complete, is_settled

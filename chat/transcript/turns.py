@@ -35,8 +35,8 @@ from recovery.process.runtime import db
 from ..conf import frame_limits, think_setting
 from ..exceptions import ConversationBusy, FileRefused, ProtocolError
 from ..models import Conversation, Message
+from ..protocol import ChatRequest, check_message_limits, validate_ui_message
 from ..types import UIMessage
-from ..wire.protocol import ChatRequest, check_message_limits, validate_ui_message
 from .branches import tail_set_aside
 from .compaction import COMPACTION_PREFIX
 from .completions import Ending, completion_record, root_of
@@ -264,7 +264,7 @@ def turn_accept(
     (their messages stay), "drop" refuses this one. A client adds user messages only, unless
     `client_history` (the agent's `accept_client_history`) lets it write any history. `address`, the
     client's, counts an anonymous visitor's turns (chat.transcript.quotas). `announce`, given the queued
-    turns this one replaced, runs on commit before the turn is sent (chat.wire.broadcast.
+    turns this one replaced, runs on commit before the turn is sent (chat.broadcast.
     accept_announcer), for an accepted turn only.
     """
     with transaction.atomic():

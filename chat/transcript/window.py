@@ -24,8 +24,8 @@ from recovery.stream.encoding import dumps
 
 from ..conf import think_setting
 from ..models import Message
+from ..protocol import chat_messages_frame
 from ..types import Part, UIMessage
-from ..wire.protocol import chat_messages_frame
 from .branches import annotate
 from .compaction import real_message_id
 from .selectors import _ui_message, compacted_spans

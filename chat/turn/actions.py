@@ -18,11 +18,11 @@ from recovery.observe import diagnostics
 from recovery.process import runtime
 from recovery.process.runtime import db
 
+from .. import broadcast
 from ..models import Conversation
+from ..protocol import chat_stopped_frame, recovering_frame, response_frame
 from ..transcript.branches import branch_switch
 from ..transcript.stop import StopReport, conversation_stop
-from ..wire import broadcast
-from ..wire.protocol import chat_stopped_frame, recovering_frame, response_frame
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from .. import broadcast
 from ..transcript.interactions import InteractionResult, tool_decision_apply
-from ..wire import broadcast
 
 
 def tool_decide(

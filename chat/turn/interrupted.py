@@ -29,7 +29,9 @@ from recovery.observe import diagnostics
 from recovery.process.runtime import db, maybe_await
 from recovery.stream.buffer import stream_close
 
+from .. import broadcast
 from ..models import Conversation
+from ..protocol import recovering_frame, response_frame
 from ..transcript.completions import Ending, completion_record
 from ..transcript.finish import interactions_settle
 from ..transcript.folding import MessageAccumulator
@@ -39,8 +41,6 @@ from ..transcript.services import message_place
 from ..transcript.snapshot import FiberSnapshot, TurnSnapshot
 from ..transcript.turns import CONTINUE_CALLBACK, RETRY_CALLBACK, RUN_TURN, turn_enqueue_pending
 from ..types import Part, UIMessage
-from ..wire import broadcast
-from ..wire.protocol import recovering_frame, response_frame
 from . import tracing
 from .agent import Think, recovery_config
 from .registry import agent_for

@@ -17,7 +17,7 @@ from typing import Any
 
 from recovery.observe import diagnostics
 
-from ..wire import broadcast
+from .. import broadcast
 
 logger = logging.getLogger(__name__)
 

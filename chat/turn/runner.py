@@ -32,9 +32,11 @@ from recovery.process.runtime import DATABASE_LOST, db, maybe_await
 from recovery.stream.buffer import StreamWriter, stream_close, stream_open
 from recovery.stream.flusher import flusher
 
+from .. import broadcast
 from ..conf import think_setting
 from ..exceptions import StreamStalled
 from ..models import Conversation
+from ..protocol import chunk_framer, response_frame
 from ..transcript.finish import TurnOutcome, turn_finish
 from ..transcript.folding import MessageAccumulator
 from ..transcript.repair import repair_transcript
@@ -42,8 +44,6 @@ from ..transcript.selectors import messages_list, stream_partial
 from ..transcript.services import transcript_repair_save
 from ..transcript.snapshot import FiberSnapshot
 from ..types import Chunk, UIMessage
-from ..wire import broadcast
-from ..wire.protocol import chunk_framer, response_frame
 from . import errors, faults, llm, tracing
 from .agent import ChunkCallback, Think, TurnContext, current_agent_var
 from .chunking import UI_CHUNK_POLICY

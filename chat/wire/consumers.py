@@ -24,7 +24,9 @@ from recovery.lease.fibers import conversation_busy
 from recovery.observe.metrics import STREAM_FILLS
 from recovery.stream.buffer import stream_chunks
 
+from .. import protocol as p
 from ..access import Credentials, access_policy, conversation_open_as
+from ..broadcast import accept_announcer, announcer, group_name, release_parked
 from ..conf import frame_limits, think_setting
 from ..exceptions import (
     AccessDenied,
@@ -41,9 +43,7 @@ from ..transcript.turns import turn_accept, turn_cancel
 from ..transcript.window import Window, transcript_frame
 from ..turn.actions import astop_conversation, aswitch_branch
 from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
-from . import protocol as p
 from . import silence
-from .broadcast import accept_announcer, announcer, group_name, release_parked
 from .limits import (
     SOCKET_RENEW_S,
     frame_bucket,

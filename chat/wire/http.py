@@ -38,7 +38,9 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from .. import protocol as p
 from ..access import Credentials, access_policy, conversation_open_as, conversation_read
+from ..broadcast import FRAMES, STREAM_END, STREAM_STARTED, accept_announcer, announcer, group_name
 from ..conf import frame_limits, think_setting
 from ..exceptions import AccessDenied, ConversationLimit, UnknownAgent
 from ..models import Conversation, Message
@@ -47,9 +49,7 @@ from ..transcript.turns import turn_accept
 from ..turn.actions import astop_conversation
 from ..turn.registry import agent_class, conversation_name_problem, server_tool_names
 from ..types import UIMessage
-from . import protocol as p
 from . import silence
-from .broadcast import FRAMES, STREAM_END, STREAM_STARTED, accept_announcer, announcer, group_name
 from .chain import ChainRead, Cursor, chain_read, rejoin_root
 from .limits import SOCKET_RENEW_S, replay_refusal, socket_slot_release, socket_slot_renew, socket_slot_take
 from .pool import web_db

@@ -3,9 +3,9 @@
 `RedisPubSubChannelLayer` delivers a group message with one `PUBLISH` (no per-consumer queues in
 Redis, no polling: each web process holds one subscription connection and hands messages to its
 consumers); `group_send_many` sends many groups' messages in one pipelined round trip, which is what
-the worker's flusher does with every turn's frames of a tick (`chat.wire.broadcast.publish_frames_many`);
+the worker's flusher does with every turn's frames of a tick (`chat.broadcast.publish_frames_many`);
 `group_has_others` tells whether anyone but the sender would hear a message, so that the web process
-reads a transcript for other tabs only when there are some (`chat.wire.broadcast.accept_announcer`);
+reads a transcript for other tabs only when there are some (`chat.broadcast.accept_announcer`);
 `channel_is_open` whether a given connection is still open anywhere (`chat.wire.presence`).
 
 A message published while a web process is not subscribed (a Redis restart, a reconnect) is lost, as

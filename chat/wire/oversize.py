@@ -23,9 +23,9 @@ import json
 import logging
 from typing import Any
 
+from .. import protocol as p
 from ..transcript.window import message_bytes, truncated_for_display
 from ..types import UIMessage
-from . import protocol as p
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from recovery.models import Fiber, Stream
 from recovery.stream.buffer import stream_chunks, stream_close, stream_last_seq
 
 from ..models import Conversation, Message
+from ..protocol import dumps, response_frame
 from ..transcript.folding import message_chunks
 from ..transcript.selectors import (
     active_stream,
@@ -30,7 +31,6 @@ from ..transcript.window import Window, transcript_window
 from ..turn.interrupted import recovering_flag_active
 from ..types import Part, UIMessage
 from .presence import connection_present
-from .protocol import dumps, response_frame
 
 
 @dataclass(frozen=True)

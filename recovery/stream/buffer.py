@@ -105,7 +105,7 @@ def group_commit() -> GroupCommit:
 
 
 # The live frame of one stored chunk: (its body, its seq) -> the text a client is sent (the owner's
-# wire format; the chat app's is chat.wire.protocol.chunk_framer).
+# wire format; the chat app's is chat.protocol.chunk_framer).
 Frame = Callable[[str, int], str]
 
 
@@ -317,7 +317,7 @@ class StreamWriter:
     ) -> None:
         """`frame` makes each stored chunk's live frame; `policy` says what the chunks mean to the
         buffer; `publish` sends a batch of frames; `fanout` (conversation id, request id) lets the flusher
-        send every writer's frames of a tick together instead (chat.wire.broadcast)."""
+        send every writer's frames of a tick together instead (chat.broadcast)."""
         self.stream_id = stream_id
         self.fiber_id = fiber_id
         self.fencing = fencing

@@ -1,5 +1,5 @@
 """The one JSON encoding of what streams: a stored chunk's body (recovery.stream.buffer) and every frame the
-chat wire sends (chat.wire.protocol). Compact and with non-ASCII kept, so a body never holds a raw
+chat wire sends (chat.protocol). Compact and with non-ASCII kept, so a body never holds a raw
 newline (a segment joins bodies with one) and a frame is as small as it can be. No Django import: the
 wire codec uses it too."""
 

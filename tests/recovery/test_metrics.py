@@ -20,8 +20,8 @@ from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 
+from chat.protocol import chunk_framer
 from chat.turn.chunking import UI_CHUNK_POLICY
-from chat.wire.protocol import chunk_framer
 from recovery.engine.detection import tick_claim
 from recovery.models import Fiber
 from recovery.observe import diagnostics, metrics

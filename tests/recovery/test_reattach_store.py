@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from chat.protocol import chunk_framer
 from chat.turn.chunking import UI_CHUNK_POLICY
-from chat.wire.protocol import chunk_framer
 from recovery.lease.fibers import fiber_stash
 from recovery.process.runtime import db
 from recovery.stream.buffer import StreamWriter

@@ -13,10 +13,10 @@ from django.test.utils import CaptureQueriesContext
 
 from chat.conf import DEFAULTS
 from chat.models import Conversation
+from chat.protocol import ChatRequest
 from chat.transcript.services import messages_append
 from chat.transcript.snapshot import FiberSnapshot
 from chat.transcript.turns import turn_accept
-from chat.wire.protocol import ChatRequest
 from chat.wire.resume import connect_state
 from recovery.models import Fiber, Stream
 

@@ -10,9 +10,9 @@ import pytest
 
 from chat.exceptions import AnswerRefused
 from chat.models import Conversation, Message
+from chat.protocol import LimitExceeded, Limits, ProtocolError, parse_frame
 from chat.transcript.finish import interactions_settle
 from chat.transcript.interactions import interaction_apply
-from chat.wire.protocol import LimitExceeded, Limits, ProtocolError, parse_frame
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.wire.test_limits import think
 

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
+from chat import protocol as p
 from chat.agents import open_agent
 from chat.exceptions import BranchNotFound, ConversationBusy
 from chat.models import Branch, Compaction, Message
+from chat.protocol import ChatRequest
 from chat.transcript.branches import BRANCH_KEY, branch_switch
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
 from chat.transcript.window import transcript_window
 from chat.turn.runner import turn_run
-from chat.wire import protocol as p
-from chat.wire.protocol import ChatRequest
 from recovery.engine.alarms import afire_alarm
 from recovery.engine.spine import arecover_fiber
 from recovery.models import Fiber

@@ -10,10 +10,10 @@ from django.test import Client
 
 from chat.agents import open_agent
 from chat.models import Conversation, Message
+from chat.protocol import ChatRequest
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
 from chat.turn.registry import conversation_name_problem
-from chat.wire.protocol import ChatRequest
 from recovery.models import Fiber
 from tests.support import auth_headers
 

@@ -8,10 +8,10 @@ import pytest
 
 from chat.agents import Think
 from chat.models import Conversation
+from chat.protocol import ChatRequest
 from chat.transcript.finish import TurnOutcome, turn_finish
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
-from chat.wire.protocol import ChatRequest
 from recovery.lease.fibers import fiber_claim
 from recovery.models import Fiber, Stream
 

@@ -10,12 +10,12 @@ import pytest
 from django.core.files.storage import default_storage
 
 from chat.models import Branch, ChatFile, Conversation, Message
+from chat.protocol import ChatRequest
 from chat.transcript.files import Attachment, file_id_of, file_url
 from chat.transcript.model_messages import to_model_messages
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept, turn_start_programmatic
 from chat.turn.llm import response_input
-from chat.wire.protocol import ChatRequest
 from recovery.models import Fiber
 from tests.files import PDF, data_url, file_part, png
 

@@ -206,7 +206,7 @@ async def test_every_tab_hears_of_the_answer_before_its_continuation_is_sent_to_
     from channels.layers import get_channel_layer
 
     import chat.transcript.turns
-    from chat.wire import protocol as p
+    from chat import protocol as p
     from tests.chat.sockets import connected, new_name, receive_until, seed_conversation
 
     events: list[str] = []

@@ -19,10 +19,10 @@ from chat.agents import open_agent
 from chat.checks import PRINCIPAL_LIMITS, check_think_settings
 from chat.conf import DEFAULTS
 from chat.models import Conversation, Message, PrincipalUsage
+from chat.protocol import ChatRequest
 from chat.transcript import turns
 from chat.transcript.finish import TurnOutcome, turn_finish
 from chat.transcript.turns import turn_accept
-from chat.wire.protocol import ChatRequest
 from recovery.lease.fibers import fiber_claim
 from recovery.models import Fiber, Stream
 from tests.support import numbers
@@ -301,7 +301,7 @@ async def test_a_refused_continuation_is_told_to_the_client() -> None:
 
     from channels.db import database_sync_to_async
 
-    from chat.wire import protocol as p
+    from chat import protocol as p
     from tests.chat.sockets import connected, new_name, receive_until, seed_conversation
 
     name = new_name("quota")

@@ -11,10 +11,10 @@ from django.test import Client
 
 from chat.checks import check_think_settings
 from chat.models import Compaction, Conversation, Message
+from chat.protocol import ChatRequest
 from chat.transcript.selectors import messages_list
 from chat.transcript.turns import turn_accept
 from chat.transcript.window import TRUNCATED_KEY, message_bytes, transcript_window
-from chat.wire.protocol import ChatRequest
 from recovery.models import Fiber
 from tests.support import TEST_PRINCIPAL, auth_headers
 

@@ -74,8 +74,8 @@ def test_an_unknown_or_reversed_range_stores_nothing() -> None:
 
 
 def test_clear_removes_overlays_and_clients_echoing_a_summary_do_not_store_it() -> None:
+    from chat.protocol import ChatRequest
     from chat.transcript.turns import turn_accept
-    from chat.wire.protocol import ChatRequest
 
     conversation = conversation_with(4)
     overlay = compaction_store(conversation_id=conversation.pk, result=CompactionResult("m1", "m2", "sum"))

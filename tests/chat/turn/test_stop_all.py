@@ -19,6 +19,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from chat import protocol as p
 from chat.agents import open_agent
 from chat.models import Conversation, Message, Submission
 from chat.transcript.selectors import chain_outcome
@@ -29,7 +30,6 @@ from chat.transcript.submissions import submission_create
 from chat.transcript.turns import turn_start_programmatic, turn_start_recovered
 from chat.turn.actions import astop_conversation
 from chat.turn.runner import turn_run
-from chat.wire import protocol as p
 from recovery.engine.alarms import afire_alarm
 from recovery.engine.spine import arecover_fiber
 from recovery.engine.store import incident_get, incident_save, incident_set_status

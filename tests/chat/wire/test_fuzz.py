@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
+from chat import protocol as p
 from chat.exceptions import ProtocolError
-from chat.wire import protocol as p
-from chat.wire.protocol import ChatRequest, Clear, Limits, parse_frame, refused_request_id
+from chat.protocol import ChatRequest, Clear, Limits, parse_frame, refused_request_id
 from tests.chat.sockets import connected, new_name, probe, seed_conversation, stored_state
 
 FRAME_TYPES = (

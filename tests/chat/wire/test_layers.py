@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from chat.wire import broadcast
+from chat import broadcast
 from chat.wire.layers import RedisFanoutLayer
 from tests.chat.sockets import connected, new_name, receive_until
 from tests.support import chat_request, user_message

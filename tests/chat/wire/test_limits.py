@@ -14,14 +14,14 @@ from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 from django.test import override_settings
 
+from chat import protocol as p
 from chat.checks import check_think_settings
 from chat.conf import frame_limits
 from chat.models import Conversation, Message
+from chat.protocol import ChatRequest
 from chat.transcript.snapshot import TurnKind
 from chat.transcript.turns import turn_accept
-from chat.wire import protocol as p
 from chat.wire.limits import TokenBucket, frame_bucket
-from chat.wire.protocol import ChatRequest
 from recovery.checks import check_recovery_settings
 from recovery.lease.fibers import fiber_create
 from recovery.models import Fiber

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from chat import protocol as p
 from chat.transcript.window import TRUNCATED_KEY
 from chat.turn.chunking import DELTA_PIECE_CHARS, coalesce
-from chat.wire import protocol as p
 from chat.wire.oversize import SEND_LIMIT_BYTES, fit_frame, fits
 from recovery.stream.encoding import dumps
 

@@ -15,13 +15,13 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from chat import protocol as p
 from chat.access import conversation_open_as
 from chat.caching import shared_redis
 from chat.exceptions import ConversationLimit
 from chat.models import Conversation
 from chat.transcript import quotas, services
 from chat.wire import limits
-from chat.wire import protocol as p
 from chat.wire.limits import SOCKET_TTL_S, socket_slot_release, socket_slot_take
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.sockets import APPLICATION, TIMEOUT_S, new_name, receive_until

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from chat.wire import protocol as p
-from chat.wire.protocol import (
+from chat import protocol as p
+from chat.protocol import (
     Cancel,
     ChatRequest,
     Clear,

@@ -17,10 +17,10 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 
+from chat import broadcast
+from chat import protocol as p
 from chat.checks import check_think_settings
 from chat.models import Conversation
-from chat.wire import broadcast
-from chat.wire import protocol as p
 from recovery.models import Fiber, Stream
 from tests.chat.sockets import Frame, connected, new_name, receive_until
 from tests.support import chat_request, row_locked_elsewhere, user_message

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
+from chat import broadcast
+from chat import protocol as p
 from chat.models import Conversation
-from chat.wire import broadcast
-from chat.wire import protocol as p
 from chat.wire.resume import REPLAY_PAGE_CHUNKS, ack_replay
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.sockets import connected, new_name, receive_until

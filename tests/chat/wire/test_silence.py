@@ -14,9 +14,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 
+from chat import broadcast
+from chat import protocol as p
 from chat.models import Conversation, Message
-from chat.wire import broadcast
-from chat.wire import protocol as p
 from recovery.models import Fiber, Segment, Stream
 from tests.chat.sockets import Frame, connected, new_name, receive_until
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from recovery.stream.encoding import dumps
 
-from ..exceptions import AnswerRefused, LimitExceeded, ProtocolError
-from ..types import UIMessage
+from .exceptions import AnswerRefused, LimitExceeded, ProtocolError
+from .types import UIMessage
 
 USE_CHAT_REQUEST = "cf_agent_use_chat_request"
 USE_CHAT_RESPONSE = "cf_agent_use_chat_response"

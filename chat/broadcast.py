@@ -17,9 +17,10 @@ from redis.exceptions import RedisError
 from recovery.lease.fibers import conversation_busy
 from recovery.process.runtime import db
 
-from ..conf import think_setting
-from ..transcript.window import transcript_frame
-from ..types import UIMessage
+from .conf import think_setting
+from .protocol import message_updated_frame, response_frame
+from .transcript.window import transcript_frame
+from .types import UIMessage
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,6 @@ def accept_announcer(
     would then wipe it from the other tabs' screens (as `announcer` says of a tool answer). The
     transcript is read only when someone may hear it: most conversations have one socket, the sender's
     (a read per accept, issue 37)."""
-    from .protocol import response_frame
 
     def announce(superseded: tuple[str, ...]) -> None:
         for request_id in superseded:
@@ -144,7 +144,6 @@ def announcer(conversation_id: int) -> Callable[[UIMessage], None]:
     before the continuation the answer completes is sent to a worker: published after it, a slow web
     process could deliver this stored copy after the continuation had streamed into the message, and
     the copy would wipe it from the screen."""
-    from .protocol import message_updated_frame
 
     def announce(message: UIMessage) -> None:
         publish_sync(conversation_id, message_updated_frame(message))
