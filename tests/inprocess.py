@@ -44,17 +44,17 @@ async def stored_text(fiber_id: Any) -> str:
     return "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
 
 
-async def interrupted_turn(agent: Any, prompt: str) -> Fiber:
-    """A turn stopped mid-answer by its worker's shutdown, its lapsed lease taken by the tick. The prompt
-    must make the scripted model answer "1 2 3" and more."""
+async def interrupted_turn(agent: Any, prompt: str, *, until: str = "1 2 3") -> Fiber:
+    """A turn stopped mid-answer by its worker's shutdown, its lapsed lease taken by the tick, once its
+    stored text is `until` (the prompt must make the scripted model answer that, and more)."""
     started = await db(
         turn_start_programmatic, conversation_id=agent.conversation_id, messages=[prompt], enqueue=False
     )
     fiber = await Fiber.objects.aget(conversation_id=agent.conversation_id, request_id=started.request_id)
     running = asyncio.ensure_future(turn_run(str(fiber.pk)))
     deadline = time.monotonic() + 15
-    while await stored_text(fiber.pk) != "1 2 3":
-        assert time.monotonic() < deadline, "the turn stored its first three numbers"
+    while await stored_text(fiber.pk) != until:
+        assert time.monotonic() < deadline, f"the turn stored {until!r}"
         await asyncio.sleep(0.05)
     running.cancel()  # the worker stops: the turn stores what it has and lets its lease lapse
     with pytest.raises(asyncio.CancelledError):

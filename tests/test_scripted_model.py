@@ -248,6 +248,26 @@ async def test_continuation_with_continue_prompt(server: ScriptedModelServer) ->
     assert result.deltas == [" 5", " 6"]
 
 
+async def test_a_continuations_habits_repeat_and_restart(server: ScriptedModelServer) -> None:
+    """[repeat N] and [restart] imitate what real models do when asked to continue (issue 39): the
+    last N words again, the sentence they were in again, or the whole answer again, glued on."""
+    from think_scripted.server import STORY
+
+    sent = " ".join(STORY.split()[:12])  # "... It mixed paints at night" (the second sentence cut off)
+    cont = user("Continue your previous response exactly where it stopped.")
+    rest = STORY.split()[12:]
+    repeat = await stream(server, [user("[story] [repeat 3]"), assistant(sent), cont])
+    assert "".join(repeat.deltas).split() == STORY.split()[9:]
+    restart = await stream(server, [user("[story] [restart]"), assistant(sent), cont])
+    assert "".join(restart.deltas) == " " + " ".join(STORY.split()[7:])  # "It mixed paints ..."
+    whole = await stream(server, [user("[story] [restart all]"), assistant(sent), cont])
+    assert "".join(whole.deltas) == STORY  # from the top, no space before it
+    plain = await stream(server, [user("[story]"), assistant(sent), cont])
+    assert "".join(plain.deltas).split() == rest
+    counted = await stream(server, [user("count to 8 [repeat 2]"), assistant("1 2 3 4"), cont])
+    assert counted.deltas == [" 3", " 4", " 5", " 6", " 7", " 8"]
+
+
 async def test_continuation_already_at_n_only_stops(server: ScriptedModelServer) -> None:
     result = await stream(server, [user("count to 3"), assistant("1 2 3")])
 

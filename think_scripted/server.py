@@ -70,6 +70,11 @@ text, combinable):
   ``tool_calls`` before the last tool message (all tool messages after the prompt if there is none), in
   message order, each as ``Tool NAME returned: <content>``, joined by ``"; "``. If the prompt also says
   ``count to N``, the words ``" 1" " 2" ... " N"`` follow (a long, rate-paced answer after a result).
+* ``[story]`` -- reply with a short story in sentences (``STORY``), for continuations of prose.
+* ``[repeat N]``, ``[restart]``, ``[restart all]`` -- the habits of real models asked to continue: a
+  continuation of a ``[story]`` (or of the fixed reply) begins N words before where the previous response
+  stopped, at the start of the sentence it stopped in, or at the very start of the answer with no space
+  before it; a ``count to N`` continuation repeats the last N numbers. Only continuations are affected.
 * ``[files]`` -- reply ``Files: `` and the files the prompt carries, ``; ``-separated, each as ``TYPE N
   bytes sha256 HEX`` (the first 16 hex digits of its SHA-256) and `` named NAME`` when the part names
   it, or ``none``: the chat API's ``image_url`` and ``file`` parts and the Responses API's
@@ -173,6 +178,14 @@ log = logging.getLogger("think_scripted.server")
 
 MODEL_NAME = "scripted"
 FIXED_REPLY = "Hello! I am the scripted model. Ask me to count to N."
+# ``[story]``: prose in sentences, for the habits a continuation must survive ([repeat N], [restart]).
+STORY = (
+    "The robot was built to help artists. It mixed paints at night and cleaned brushes at dawn. "
+    "One morning it found a blank canvas by the window. Nobody had asked it to paint, so it waited. "
+    "By noon the light had moved across the floor. The robot picked up a brush and drew a single line. "
+    "It was crooked, and the robot liked it. The artists came back in the evening and said nothing. "
+    "The next day they left two canvases by the window."
+)
 CONTINUE_PREFIX = "Continue your previous response"
 DEFAULT_TOKEN_RATE = 20.0
 RATE_LIMIT_RETRY_AFTER_S = 1  # the Retry-After of a scripted 429
@@ -213,6 +226,9 @@ _TOOL_RE = re.compile(r"\[tool\s+([A-Za-z_][\w.-]*)\s*", re.IGNORECASE)
 _THEN_RE = re.compile(r"\s*then\s+(?=\{)", re.IGNORECASE)
 _TOOL_END_RE = re.compile(r"\s*(?:times\b\s*([^\]\s]*)\s*)?\]", re.IGNORECASE)
 _INT_RE = re.compile(r"\d+")
+_STORY_RE = re.compile(r"\[story\]", re.IGNORECASE)
+_REPEAT_RE = re.compile(r"\[repeat (\d+)\]", re.IGNORECASE)
+_RESTART_RE = re.compile(r"\[restart(?: (sentence|all))?\]", re.IGNORECASE)
 _WORD_RE = re.compile(r"\s*\S+")
 
 
@@ -298,6 +314,11 @@ class Directives:
     cached: int | None = None  # of the prompt tokens, this many reported as read from the prompt cache
     error_says: str | None = None  # the message of a [fail ...] error instead of the standard one
     files: bool = False  # describe the files the prompt carries
+    story: bool = False  # reply with STORY
+    # A continuation's habit: repeat this many words already sent, or restart ("sentence": the one it
+    # was in; "all": the whole answer, glued on with no space)
+    repeat: int | None = None
+    restart: str | None = None
 
     @property
     def default_tool_name(self) -> str | None:
@@ -438,6 +459,9 @@ def _directives(text: str, count: Any, rate: Any, stall: Any, fail: Any, overflo
         int(cached.group(1)) if (cached := _CACHED_RE.search(text)) else None,
         says.group(1) if (says := _SAYS_RE.search(text)) else None,
         bool(_FILES_RE.search(text)),
+        bool(_STORY_RE.search(text)),
+        int(repeat.group(1)) if (repeat := _REPEAT_RE.search(text)) else None,
+        (restart.group(1) or "sentence").lower() if (restart := _RESTART_RE.search(text)) else None,
     )
 
 
@@ -578,16 +602,27 @@ def _follow_up_text(messages: list[Json], batch: list[Json], directives: Directi
     return "; ".join(results) + "".join(f" {i}" for i in range(1, (directives.count_to or 0) + 1))
 
 
-def _resume_words(text: str, prior: str) -> list[str]:
-    words = _WORD_RE.findall(text)[len(prior.split()) :]
+def _resume_words(text: str, prior: str, habit: Directives | None = None) -> list[str]:
+    sent = prior.split()
+    skip = len(sent)
+    if prior and habit is not None and habit.restart == "all":
+        return [w.lstrip() if i == 0 else w for i, w in enumerate(_WORD_RE.findall(text))]
+    if prior and habit is not None and habit.restart == "sentence":
+        ends = [i + 1 for i, word in enumerate(sent) if word.endswith((".", "!", "?"))]
+        skip = ends[-1] if ends else 0
+    elif prior and habit is not None and habit.repeat:
+        skip = max(0, skip - habit.repeat)
+    words = _WORD_RE.findall(text)[skip:]
     if prior and words:
         words[0] = " " + words[0].lstrip()
     return words
 
 
-def _count_pieces(n: int, prior: str) -> list[str]:
+def _count_pieces(n: int, prior: str, habit: Directives | None = None) -> list[str]:
     numbers = _INT_RE.findall(prior)
     start = int(numbers[-1]) + 1 if numbers else 1
+    if numbers and habit is not None and habit.repeat:
+        start = max(1, start - habit.repeat)
     return [str(i) if i == 1 and not prior.strip() else f" {i}" for i in range(start, n + 1)]
 
 
@@ -640,9 +675,10 @@ def plan_reply(messages: list[Json], serial: int = 0) -> Plan:
     elif directives.files:
         deltas = [{"content": w} for w in _resume_words(describe_files(messages[prompt]), prior)]
     elif directives.count_to is not None:
-        deltas = [{"content": p} for p in _count_pieces(directives.count_to, prior)]
+        deltas = [{"content": p} for p in _count_pieces(directives.count_to, prior, directives)]
     else:
-        deltas = [{"content": w} for w in _resume_words(FIXED_REPLY, prior)]
+        reply = STORY if directives.story else FIXED_REPLY
+        deltas = [{"content": w} for w in _resume_words(reply, prior, directives)]
     return Plan(deltas, "stop", directives, follow_up, serial=serial)
 
 

@@ -29,9 +29,10 @@ from ..transcript.selectors import messages_list
 from ..types import Chunk, UIMessage
 from . import faults, llm, tracing
 from .chunking import ToolCall, UIChunker
-from .llm import Marked, ResponseCursor, Usage
+from .llm import Marked, ResponseCursor, TextDelta, Usage
 from .overflow import Proactive, compact_for_overflow
 from .pricing import needs_litellm, step_cost
+from .seam import Seam
 from .tools import (
     UNKNOWN_TOOL,
     Tool,
@@ -104,6 +105,7 @@ class ModelLoop:
         self.output_tokens = 0  # the steps' output tokens, as the model reported them
         self.on_spend = on_spend  # each step's usage and cost, as it ends (the runner records them)
         self.files: dict[str, Attachment] = {}  # the bytes of the history's files, by id, read once
+        self.seam_due = continuation  # the first model step of a continuation meets the partial's text
 
     async def _emit_all(self, chunks: list[Chunk], cursor: ResponseCursor | None = None) -> None:
         """Emit chunks; a provider cursor goes with the last of them, so it is stored with it and not
@@ -270,6 +272,8 @@ class ModelLoop:
                 self._reattach_fallback(blocker, self.reattach)
                 self.reattach = None
         resuming = self.reattach
+        seam = self._seam() if resuming is None else None  # a rejoined generation has no seam
+        self.seam_due = False
         await self._load_files()
         events = self._model_events()
         stall_ms = int(self.agent.chat_stream_stall_timeout_ms)
@@ -294,13 +298,44 @@ class ModelLoop:
                         name=self.agent.name,
                     )
                     raise StreamStalled(stall_ms) from None
+                if seam is not None and not seam.decided:
+                    if isinstance(event, TextDelta):
+                        if text := seam.feed(event.text):
+                            await self._seam_repaired(seam, chunker, text)
+                        continue
+                    await self._seam_repaired(seam, chunker, seam.finish())  # text ended: decide now
                 if isinstance(event, Marked):
                     chunks = chunker.feed(event.event) if event.event is not None else []
                     await self._emit_all(chunks, event.cursor)
                 else:
                     await self._emit_all(chunker.feed(event))
+            if seam is not None and not seam.decided:
+                await self._seam_repaired(seam, chunker, seam.finish())
         finally:
             await events.aclose()
+
+    def _seam(self) -> Seam | None:
+        """The seam of a continuation's first step: the text it continues, if the partial ends in text."""
+        if not self.seam_due or not self.accumulator.has_content:
+            return None
+        parts = [p for p in self.accumulator.message().get("parts") or [] if p.get("type") != "step-start"]
+        last = parts[-1] if parts else None
+        if last is None or last.get("type") != "text" or not last.get("text"):
+            return None
+        return Seam(str(last["text"]))
+
+    async def _seam_repaired(self, seam: Seam, chunker: UIChunker, text: str) -> None:
+        """Send what the seam released; say once what it dropped (chat:continuation:seam)."""
+        if seam.dropped:
+            diagnostics.emit(
+                "chat:continuation:seam",
+                {"requestId": self.request_id, "droppedChars": len(seam.dropped)},
+                agent=self.agent.agent,
+                name=self.agent.name,
+            )
+            seam.dropped = ""
+        if text:
+            await self._emit_all(chunker.feed(TextDelta(text)))
 
     async def _handle_calls(self, calls: list[ToolCall]) -> bool:
         """Run the step's server tools (in parallel); True when a human must act before the next step."""
