@@ -61,3 +61,17 @@ async def interrupted_turn(agent: Any, prompt: str, *, until: str = "1 2 3") -> 
         await running
     assert await take_released() == [fiber.pk]
     return fiber
+
+
+async def recovered_run(interrupted: Fiber, sent: dict[str, list[Any]]) -> Any:
+    """Recover an interrupted turn in this process as the tick and a worker would: the engine decides,
+    the alarm it scheduled fires, and the continuation it queued runs (`sent`: the quiet_broker fixture)."""
+    from chat.turn.runner import turn_run
+    from recovery.engine.alarms import afire_alarm
+    from recovery.engine.spine import arecover_fiber
+
+    await arecover_fiber(interrupted.pk)
+    [alarm_id] = sent["alarms"]
+    await afire_alarm(alarm_id)
+    [continuation] = sent["turns"]
+    return await turn_run(str(continuation))

@@ -14,10 +14,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.agents import open_agent
-from chat.turn.runner import turn_run
-from recovery.engine.alarms import afire_alarm
-from recovery.engine.spine import arecover_fiber
-from tests.inprocess import interrupted_turn
+from tests.inprocess import interrupted_turn, recovered_run
 from tests.support import TEST_PRINCIPAL
 from think_scripted.server import STORY
 
@@ -32,11 +29,7 @@ async def test_a_recovered_answer_holds_the_story_once(
 ) -> None:
     agent = await sync_to_async(open_agent)("assistant", f"seam-{uuid.uuid4().hex[:8]}", owner=TEST_PRINCIPAL)
     interrupted = await interrupted_turn(agent, f"[story] {habit} [stall after 12]", until=CUT)
-    await arecover_fiber(interrupted.pk)
-    [alarm_id] = quiet_broker["alarms"]
-    await afire_alarm(alarm_id)
-    [continuation] = quiet_broker["turns"]
-    runner = await turn_run(str(continuation))
+    runner = await recovered_run(interrupted, quiet_broker)
     assert runner is not None and runner.outcome == "completed"
 
     answer = (await sync_to_async(agent.messages)())[-1]

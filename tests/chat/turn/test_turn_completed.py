@@ -27,12 +27,11 @@ from chat.turn.actions import astop_conversation
 from chat.turn.continuation import give_up_now
 from chat.turn.registry import agent_class
 from chat.turn.runner import turn_run
-from recovery.engine.alarms import afire_alarm
 from recovery.engine.spine import arecover_fiber
 from recovery.models import Fiber, Incident
 from recovery.process.runtime import db
 from tests.agents import completions_seen
-from tests.inprocess import interrupted_turn
+from tests.inprocess import interrupted_turn, recovered_run
 from tests.support import TEST_PRINCIPAL, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("in_process_model")]
@@ -89,11 +88,7 @@ async def test_a_recovered_turn_is_reported_once_under_its_own_request_id_with_t
 ) -> None:
     agent = await sync_to_async(new_agent)()
     interrupted = await interrupted_turn(agent, "count to 6 [stall after 3]")
-    await arecover_fiber(interrupted.pk)
-    [alarm_id] = quiet_broker["alarms"]
-    await afire_alarm(alarm_id)
-    [continuation] = quiet_broker["turns"]
-    runner = await turn_run(str(continuation))
+    runner = await recovered_run(interrupted, quiet_broker)
     assert runner is not None and runner.outcome == "completed"
 
     [seen] = await asyncio.to_thread(delivered, agent.name)
