@@ -32,6 +32,7 @@ from .errors import default_chat_error_classifier
 from .loop import StepResult
 from .mcp import MCPServer
 from .overflow import ChatErrorContext, ContextOverflow
+from .prefill import prefill_style
 from .pricing import ModelPrices
 from .session import CompactionFunction, Session
 from .tools import Tool
@@ -89,6 +90,11 @@ class Think:
     #: with the project's lean reader; litellm still routes and builds the request and maps its errors.
     #: False streams every byte through litellm. Other providers always go through litellm.
     lean_model_read: ClassVar[bool] = True
+    #: How a continuation asks the model to go on: "prefill" (the partial stays the last message, as an
+    #: assistant message the model extends), "instruction" (a user message asks it to continue), or
+    #: "auto": prefill where the provider supports it (chat.turn.prefill), else the instruction
+    #: (`get_continuation_style()`).
+    continuation_style: ClassVar[str] = "auto"
     #: Abort a stream silent for this long and recover it (0 = off).
     chat_stream_stall_timeout_ms: ClassVar[int] = 0
     #: Model steps per turn: each step after the first follows server tool results.
@@ -139,6 +145,13 @@ class Think:
     def get_context_overflow(self) -> ContextOverflow | None:
         """How a context window overflow is recovered: `context_overflow`."""
         return self.context_overflow
+
+    def get_continuation_style(self) -> str:
+        """ "prefill" or "instruction" for this agent's model: `continuation_style`, with "auto" decided
+        by the model's provider (chat.turn.prefill)."""
+        if self.continuation_style != "auto":
+            return self.continuation_style
+        return prefill_style(self.completion_kwargs())
 
     def get_compaction(self) -> CompactionFunction | None:
         """The compaction function: `compaction` (a plain function there is not made a method)."""

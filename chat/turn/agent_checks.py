@@ -16,6 +16,7 @@ from recovery.budget.incidents import ChatRecovery
 from .agent import MESSAGE_CONCURRENCY_POLICIES, Think, plain_attribute
 from .mcp import MCPServer
 from .overflow import ContextOverflow
+from .prefill import STYLES
 from .pricing import ModelPrices
 from .tools import Tool
 
@@ -83,6 +84,11 @@ def _option_errors(cls: type[Think]) -> list[tuple[str, str, str | None]]:
         found.append((f"model must be a model string or a dict with 'model', got {model!r}.", "E020", None))
     if not isinstance(cls.system_prompt, str | None):
         found.append((f"system_prompt must be a string or None, got {cls.system_prompt!r}.", "E021", None))
+    if cls.continuation_style not in STYLES:
+        style = cls.continuation_style
+        found.append(
+            (f"continuation_style must be 'auto', 'prefill' or 'instruction', got {style!r}.", "E033", None)
+        )
     if not isinstance(cls.model_prices, ModelPrices | None):
         found.append(
             (

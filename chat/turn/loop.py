@@ -31,6 +31,7 @@ from . import faults, llm, tracing
 from .chunking import ToolCall, UIChunker
 from .llm import Marked, ResponseCursor, TextDelta, Usage
 from .overflow import Proactive, compact_for_overflow
+from .prefill import prefill_request
 from .pricing import needs_litellm, step_cost
 from .seam import Seam
 from .tools import (
@@ -224,8 +225,9 @@ class ModelLoop:
             max_file_bytes=think_setting("MAX_MODEL_FILE_BYTES"),
         )
         if self.continuation and model_messages and model_messages[-1]["role"] == "assistant":
-            # Some providers reject assistant prefill: ask to continue instead (never persisted).
-            model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
+            if self.agent.get_continuation_style() != "prefill":
+                # The provider cannot extend the partial: ask it to continue (never persisted).
+                model_messages.append({"role": "user", "content": CONTINUE_PROMPT})
         return model_messages
 
     def _model_events(self) -> Any:
@@ -233,11 +235,14 @@ class ModelLoop:
         model = self.agent.completion_kwargs()
         self.model = str(model["model"])
         if not self.agent.model_reattach:
+            messages = self.model_messages()
+            extra = self._continuation_request(model, messages)
             return llm.stream_chat(
                 model=model,
-                messages=self.model_messages(),
+                messages=messages,
                 lean=bool(self.agent.lean_model_read),
                 **({"tools": tools} if tools else {}),
+                **extra,
             )
         resume, self.reattach = self.reattach, None  # only the first step can rejoin a stored generation
         return llm.stream_response(model=model, messages=self.model_messages(), tools=tools, resume=resume)
@@ -273,9 +278,9 @@ class ModelLoop:
                 self.reattach = None
         resuming = self.reattach
         seam = self._seam() if resuming is None else None  # a rejoined generation has no seam
-        self.seam_due = False
         await self._load_files()
         events = self._model_events()
+        self.seam_due = False
         stall_ms = int(self.agent.chat_stream_stall_timeout_ms)
         try:
             while True:
@@ -313,6 +318,22 @@ class ModelLoop:
                 await self._seam_repaired(seam, chunker, seam.finish())
         finally:
             await events.aclose()
+
+    def _continuation_request(self, model: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """A continuation's first step says how it asks the model to go on (chat:continuation:style); by
+        prefill, the provider's own flags for it."""
+        last = messages[-1] if messages else {}
+        prefill = last.get("role") == "assistant"
+        if not self.seam_due or not (prefill or last.get("content") == CONTINUE_PROMPT):
+            return {}
+        style = "prefill" if prefill else "instruction"
+        diagnostics.emit(
+            "chat:continuation:style",
+            {"requestId": self.request_id, "style": style, "model": self.model},
+            agent=self.agent.agent,
+            name=self.agent.name,
+        )
+        return prefill_request(model, messages) if prefill else {}
 
     def _seam(self) -> Seam | None:
         """The seam of a continuation's first step: the text it continues, if the partial ends in text."""
