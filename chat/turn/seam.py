@@ -6,8 +6,8 @@ the sentence (or the list item, or the code line) they were in, or start the who
 drops the repeated part and joins the rest with the whitespace the text needs:
 
 - an overlap: the partial ends with what the continuation begins with (at least `MIN_OVERLAP_WORDS`
-  words, or `MIN_OVERLAP_CHARS` characters of a single word, within the last `WINDOW_CHARS` characters
-  of the partial, on word boundaries);
+  words, or `MIN_OVERLAP_CHARS` characters of a single word, or one word that begins a sentence or a
+  line, within the last `WINDOW_CHARS` characters of the partial, on word boundaries);
 - a restart: the continuation begins with the whole partial again (when the partial is at most
   `RESTART_CHARS` long); a restart that says something else is left as it is.
 
@@ -91,7 +91,8 @@ class Seam:
         best = 0
         for start in self._starts():
             overlap = self.partial[start:]
-            if opening.startswith(overlap) and _boundary(opening, len(overlap)) and _sure(overlap):
+            sure = _sure(overlap) or _starts_sentence(self.partial, start)
+            if opening.startswith(overlap) and _boundary(opening, len(overlap)) and sure:
                 best = max(best, len(overlap))
         return best
 
@@ -99,6 +100,12 @@ class Seam:
 def _boundary(text: str, index: int) -> bool:
     """`index` is not inside a word of `text`."""
     return index >= len(text) or not (_WORD_CHAR.match(text[index]) and _WORD_CHAR.match(text[index - 1]))
+
+
+def _starts_sentence(text: str, start: int) -> bool:
+    """The word at `start` begins a sentence or a line: one word of it again is the sentence restarted."""
+    before = text[:start].rstrip(" \t")
+    return not before or before.endswith(("\n", ".", "!", "?"))
 
 
 def _sure(overlap: str) -> bool:

@@ -24,6 +24,8 @@ def repaired(partial: str, continuation: str, *, size: int = 3) -> str:
         ("The cat sat on the", "sat on the mat.", " mat."),
         # the sentence restarted
         ("It was late. The train had not", " The train had not come yet.", " come yet."),
+        # a sentence restarted after its first word
+        ("It was late. Nobody", " Nobody came.", " came."),
         # a sentence repeated whole
         ("It was late. The train had not come.", " The train had not come. We waited.", " We waited."),
         # a list item restarted
@@ -55,8 +57,9 @@ def test_a_repeat_is_dropped(partial: str, continuation: str, expected: str) -> 
         # the middle of a word goes on without one
         ("The ca", "t sat.", "t sat."),
         ("providing", "ing them", "ing them"),
-        # one common word is not surely a repeat
+        # one word inside a sentence is not surely a repeat ("had had" is English)
         ("I have a", " a dog.", " a dog."),
+        ("By then she had", " had enough.", " had enough."),
         # a restart that says something else is kept (with the space a glued sentence needs)
         (
             "Once upon a time there was a robot",
