@@ -87,7 +87,8 @@ def main() -> None:
         after = sum(r[1] for r in results)
         exact = sum(r[2] for r in results)
         print(
-            f"{habit:<12} {before:>14} / {args.rounds:<2} {after:>11} / {args.rounds:<2} {exact:>8} / {args.rounds}"
+            f"{habit:<12} {before:>14} / {args.rounds:<2} {after:>11} / {args.rounds:<2}"
+            f" {exact:>8} / {args.rounds}"
         )
 
 
