@@ -518,3 +518,25 @@ async def test_worker_shutdown_hands_the_turn_to_recovery_at_once(recovery_stack
     assert_clean_client_view(log, numbers(80))
     transcript = await sync_to_async(stored_transcript)(name)
     assert assistant_text(transcript) == numbers(80)
+
+
+@pytest.mark.parametrize("habit", ["[restart]", "[restart all]"])
+async def test_a_worker_killed_mid_sentence_leaves_no_seam_in_the_answer(
+    recovery_stack: Any, habit: str
+) -> None:
+    """Issue 39: the continuation of a story cut off mid-answer comes from a model with a real model's habit
+    (the sentence again, or the whole answer again glued on); the client and the store get the story once."""
+    from think_scripted.server import STORY
+
+    worker = recovery_stack.start_worker()
+    name = new_name("seam")
+    async with ChatClient(recovery_stack.port, name) as client:
+        request_id = await start_turn(client, f"[story] {habit} [rate 25]")
+        log = await follow_conversation(client, until=chunks_of(request_id, 4), timeout=30)
+        worker.kill(signal.SIGKILL)
+        await asyncio.to_thread(recovery_stack.start_worker)
+        await follow_conversation(client, log, timeout=60)
+    assert len(log.order) >= 2, "the turn must have been continued by a new request"
+    assert_clean_client_view(log, STORY)
+    transcript = await sync_to_async(stored_transcript)(name)
+    assert assistant_text(transcript) == STORY
