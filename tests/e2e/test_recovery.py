@@ -520,7 +520,9 @@ async def test_worker_shutdown_hands_the_turn_to_recovery_at_once(recovery_stack
     assert assistant_text(transcript) == numbers(80)
 
 
-@pytest.mark.parametrize("habit", ["[restart]", "[restart all]"])
+@pytest.mark.parametrize(
+    "habit", ["[restart all]"]
+)  # every habit in-process: tests/chat/turn/test_seam_recovery.py
 async def test_a_worker_killed_mid_sentence_leaves_no_seam_in_the_answer(
     recovery_stack: Any, habit: str
 ) -> None:
