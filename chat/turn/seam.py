@@ -33,7 +33,13 @@ class Seam:
     def __init__(self, partial: str) -> None:
         self.spaced = partial[-1:].isspace()  # the partial already ends with the space the seam needs
         self.partial = partial.rstrip()
-        self.window_start = max(0, len(self.partial) - WINDOW_CHARS)
+        window_start = max(0, len(self.partial) - WINDOW_CHARS)
+        # where an overlap may begin: the starts of the words in the partial's last WINDOW_CHARS
+        self.starts = [
+            i
+            for i in range(window_start, len(self.partial))
+            if not self.partial[i].isspace() and (i == 0 or self.partial[i - 1].isspace())
+        ]
         self.held = ""
         self.decided = not self.partial
         self.dropped = ""  # what the repair dropped, for the diagnostics event
@@ -59,18 +65,7 @@ class Seam:
         if len(self.partial) <= RESTART_CHARS and len(opening) <= len(self.partial):
             if self.partial.startswith(opening):
                 return True
-        if len(opening) > len(self.partial) - self.window_start:
-            return False
-        return self.partial.find(opening, self.window_start) != -1 and any(
-            self.partial.startswith(opening, start) for start in self._starts()
-        )
-
-    def _starts(self) -> list[int]:
-        """The word starts of the partial's window: where an overlap may begin."""
-        text, first = self.partial, self.window_start
-        return [
-            i for i in range(first, len(text)) if not text[i].isspace() and (i == 0 or text[i - 1].isspace())
-        ]
+        return any(self.partial.startswith(opening, start) for start in self.starts)
 
     def _release(self) -> str:
         self.decided = True
@@ -89,7 +84,7 @@ class Seam:
         if len(whole) <= RESTART_CHARS and opening.startswith(whole) and _boundary(opening, len(whole)):
             return len(whole)  # the whole answer again, then more
         best = 0
-        for start in self._starts():
+        for start in self.starts:
             overlap = self.partial[start:]
             sure = _sure(overlap) or _starts_sentence(self.partial, start)
             if opening.startswith(overlap) and _boundary(opening, len(overlap)) and sure:
